@@ -1,0 +1,50 @@
+#include "cli_common.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "tessera/error.h"
+
+#ifndef TESSERA_SOURCE_DIR
+#define TESSERA_SOURCE_DIR ""
+#endif
+
+namespace tessera::cli {
+
+namespace fs = std::filesystem;
+
+void load_plugins(Registry& registry, bool quiet) {
+  registry.load_default_paths();
+  if (quiet) return;
+  for (const auto& f : registry.failures()) std::cerr << "warning: " << f.message << "\n";
+}
+
+std::string resolve_pipeline_path(const std::string& given) {
+  if (!given.empty()) return given;
+  std::vector<fs::path> candidates = {fs::path("pipelines") / "default.yaml"};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "share" / "tessera" / "pipelines" / "default.yaml");
+  if (std::string(TESSERA_SOURCE_DIR).size() > 0) {
+    candidates.push_back(fs::path(TESSERA_SOURCE_DIR) / "pipelines" / "default.yaml");
+  }
+  for (const auto& c : candidates) {
+    if (fs::exists(c)) return c.string();
+  }
+  std::string tried;
+  for (const auto& c : candidates) tried += (tried.empty() ? "" : ", ") + c.string();
+  throw Error("no pipeline given (-p) and no default pipeline found (tried " + tried + ")");
+}
+
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args) {
+  const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline));
+  PipelineOptions options;
+  options.model = args.model;
+  options.backend = args.backend;
+  options.threads = args.threads;
+  return Pipeline::build(spec, registry, options);
+}
+
+}  // namespace tessera::cli

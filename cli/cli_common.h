@@ -1,0 +1,26 @@
+// Shared by the tessera subcommands: finding plugins and pipelines, and building a pipeline.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/pipeline.h"
+#include "tessera/registry.h"
+
+namespace tessera::cli {
+
+struct PipelineArgs {
+  std::string pipeline;  // -p; empty = pipelines/default.yaml
+  std::string model;     // -m
+  std::string backend;   // --backend
+  int threads = 0;       // --threads
+};
+
+// Loads plugins from the default search path; prints libraries that were refused to stderr.
+void load_plugins(Registry& registry, bool quiet = false);
+// -p as given, else pipelines/default.yaml from the working directory, the install share folder or
+// the source tree.
+std::string resolve_pipeline_path(const std::string& given);
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args);
+
+}  // namespace tessera::cli

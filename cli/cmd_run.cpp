@@ -1,0 +1,122 @@
+// tessera run: generate text for one or more prompts (batched through the engine).
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "commands.h"
+#include "tessera/engine.h"
+#include "tessera/error.h"
+
+namespace tessera::cli {
+
+void add_pipeline_options(CLI::App& cmd, PipelineArgs& args) {
+  cmd.add_option("-p,--pipeline", args.pipeline, "pipeline YAML (default: pipelines/default.yaml)");
+  cmd.add_option("-m,--model", args.model, "GGUF model file (overrides the pipeline's model)");
+  cmd.add_option("--backend", args.backend, "cpu, cuda, hip or auto (overrides the pipeline)");
+  cmd.add_option("--threads", args.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+namespace {
+
+struct RunArgs {
+  PipelineArgs pipeline;
+  std::vector<std::string> prompts;
+  int64_t max_tokens = 96;
+  std::optional<double> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<double> top_p;
+  std::optional<uint64_t> seed;
+  std::string format = "text";
+  bool ignore_eos = false;
+};
+
+double rate(double count, double seconds) { return seconds > 0 ? count / seconds : 0.0; }
+
+void run(const RunArgs& args) {
+  Registry registry;
+  load_plugins(registry);
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(registry, args.pipeline);
+  Engine engine(*pipeline);
+  const Tokenizer& tok = pipeline->tokenizer();
+
+  SamplingParams sampling = pipeline->decoder().default_params();
+  if (args.temperature) sampling.temperature = *args.temperature;
+  if (args.top_k) sampling.top_k = *args.top_k;
+  if (args.top_p) sampling.top_p = *args.top_p;
+  if (args.seed) sampling.seed = *args.seed;
+
+  std::vector<std::string> prompts = args.prompts;
+  if (prompts.empty()) prompts.push_back("");  // generate from BOS alone
+  const bool stream = args.format == "text" && prompts.size() == 1;
+  std::vector<RequestId> ids;
+  for (const auto& text : prompts) {
+    GenerationRequest req;
+    req.prompt = tok.encode(text, tok.vocabulary().add_bos);
+    if (req.prompt.empty()) req.prompt.push_back(tok.bos());
+    req.max_tokens = args.max_tokens;
+    req.sampling = sampling;
+    req.ignore_eos = args.ignore_eos;
+    if (stream) {
+      std::cout << text << std::flush;
+      req.on_token = [&tok](RequestId, int32_t t) { std::cout << tok.token_to_piece(t) << std::flush; };
+    }
+    ids.push_back(engine.submit(std::move(req)));
+  }
+  engine.run_until_idle();
+  std::vector<GenerationResult> results = engine.take_finished();
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerationResult& r = results[i];
+    const double prefill_s = r.first_token - r.admitted;
+    const double decode_s = r.finished - r.first_token;
+    const double prefill_tps = rate(double(r.prompt.size()), prefill_s);
+    const double decode_tps = rate(double(r.tokens.size()) - 1, decode_s);
+    if (args.format == "json") {
+      nlohmann::json j;
+      j["prompt"] = prompts[i];
+      j["prompt_token_ids"] = r.prompt;
+      j["completion_token_ids"] = r.tokens;
+      j["completion_text"] = tok.decode(r.tokens);
+      j["finish_reason"] = finish_reason_name(r.reason);
+      j["timings"] = {{"prefill_seconds", prefill_s},
+                      {"decode_seconds", decode_s},
+                      {"prefill_tokens_per_s", prefill_tps},
+                      {"decode_tokens_per_s", decode_tps},
+                      {"ttft_ms", (r.first_token - r.submitted) * 1000.0}};
+      j["pipeline"] = pipeline->describe();
+      j["model"] = pipeline->model_path();
+      j["weight_bytes"] = pipeline->model().weight_bytes();
+      std::cout << j.dump() << "\n";
+    } else {
+      if (!stream) std::cout << prompts[i] << tok.decode(r.tokens);
+      std::cout << "\n";
+      std::cerr << "[" << r.prompt.size() << " prompt tokens at " << static_cast<int64_t>(prefill_tps)
+                << " tok/s, " << r.tokens.size() << " generated at " << static_cast<int64_t>(decode_tps)
+                << " tok/s, finish: " << finish_reason_name(r.reason) << "]\n";
+      if (i + 1 < results.size()) std::cout << "\n";
+    }
+  }
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from prompts with a pipeline");
+  add_pipeline_options(*cmd, args->pipeline);
+  cmd->add_option("--prompt", args->prompts, "prompt text (repeatable; the prompts run as one batch)");
+  cmd->add_option("prompts", args->prompts, "prompt text (same as --prompt)");
+  cmd->add_option("-n,--max-tokens", args->max_tokens, "tokens to generate per prompt")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", args->seed, "random seed");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
+  cmd->add_option("--format", args->format, "text or json (one JSON object per prompt, per line)")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,17 @@
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "cli_common.h"
+
+namespace tessera::cli {
+
+// Each adds a subcommand whose callback does the work (errors propagate as tessera::Error).
+void add_run_command(CLI::App& app);
+void add_plugins_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+
+// The options every pipeline-building command shares.
+void add_pipeline_options(CLI::App& cmd, PipelineArgs& args);
+
+}  // namespace tessera::cli

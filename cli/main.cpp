@@ -1,0 +1,28 @@
+// tessera: run, eval and list plugins from the command line.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "commands.h"
+#include "tessera/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: a Llama-family inference engine built from runtime-loaded plugins"};
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  app.require_subcommand(1);
+  tessera::cli::add_run_command(app);
+  tessera::cli::add_plugins_command(app);
+  tessera::cli::add_eval_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tessera::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,44 @@
+// Attention: for a ragged batch of sequences, store this step's K/V in the cache and attend over
+// each sequence's cached context. Heads: MHA, GQA and MQA follow from n_heads / n_kv_heads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/backend.h"
+#include "tessera/kv_layout.h"
+
+namespace tessera {
+
+struct AttentionShape {
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t window = 0;  // sliding window declared by the model; 0 = none
+};
+
+// The batch for one step, prepared once and shared by every layer.
+struct AttentionStep {
+  int64_t n_tokens = 0;
+  const int32_t* slots = nullptr;  // backend memory: KV slot of each token
+  const AttentionSeqDesc* seqs = nullptr;  // backend memory
+  const int32_t* block_tables = nullptr;   // backend memory
+  std::span<const AttentionSeqDesc> host_seqs;  // the same descriptors in host memory
+  int32_t max_q_len = 0;
+  int32_t max_context_len = 0;
+};
+
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  virtual void configure(const AttentionShape& shape) = 0;
+  // Backend ops this plugin calls, checked when the pipeline is built.
+  virtual std::vector<OpRequirement> requirements(DType kv_dtype) const = 0;
+  // q: [n_tokens][n_heads*head_dim] (RoPE applied); k, v: [n_tokens][n_kv_heads*head_dim];
+  // out: [n_tokens][n_heads*head_dim]. All backend memory.
+  virtual void forward(Backend& backend, const AttentionStep& step, const KvLayerView& kv,
+                       const float* q, const float* k, const float* v, float* out) = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,121 @@
+// A Backend is a device: memory (allocation, copies, synchronisation) plus the kernel interface,
+// the fixed set of ops that the model and plugins compose. kernels_cpu implements every op and is
+// the reference; other backends answer supports() honestly so that a pipeline is refused at
+// validation, by op name, rather than failing mid-run.
+//
+// Pointers passed to ops are backend memory (from allocate()). Per-step index arrays (token ids,
+// positions, KV slots, attention descriptors, block tables) are uploaded once per step by the
+// caller, so every layer reads them without further copies.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/dtype.h"
+#include "tessera/kv_layout.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+enum class Op : uint32_t {
+  embedding,  // dtype: the table's
+  gemm,       // dtype: the weight's (f32, f16, bf16, q8_0, q4_0, ...)
+  rms_norm,
+  rope,
+  silu_mul,
+  add,
+  softmax,
+  kv_write,   // dtype: the cache's
+  attention,  // dtype: the cache's
+  argmax,
+};
+std::string_view op_name(Op op);
+
+// One requirement a component places on the backend, e.g. {gemm, q8_0}.
+struct OpRequirement {
+  Op op;
+  DType dtype = DType::F32;
+  std::string who;  // the component that needs it, for the refusal message
+};
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  size_t memory_bytes = 0;
+};
+
+enum class RopeStyle : uint8_t {
+  adjacent,  // pairs (x[2i], x[2i+1]) — GGUF "llama" models
+  neox,      // pairs (x[i], x[i + rope_dim/2])
+};
+
+// One sequence of a ragged attention batch. Its queries are rows [q_start, q_start + q_len) and sit
+// at positions context_len - q_len ... context_len - 1; its KV (including this step's tokens, already
+// written) is at block_tables[block_table_offset ...].
+struct AttentionSeqDesc {
+  int32_t q_start = 0;
+  int32_t q_len = 0;
+  int32_t context_len = 0;
+  int32_t block_table_offset = 0;
+};
+
+struct AttentionArgs {
+  const float* q = nullptr;  // [n_tokens][n_heads * head_dim]
+  float* out = nullptr;      // [n_tokens][n_heads * head_dim]
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  float scale = 1.0f;
+  int64_t window = 0;  // sliding window in tokens; 0 = full causal
+  const AttentionSeqDesc* seqs = nullptr;  // backend memory, n_seqs entries
+  int64_t n_seqs = 0;
+  const int32_t* block_tables = nullptr;   // backend memory
+  int32_t max_q_len = 0;                   // host-side bounds, for launch sizing
+  int32_t max_context_len = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;  // "cpu", "cuda", "hip"
+  virtual std::vector<DeviceInfo> devices() const = 0;
+  virtual bool supports(Op op, DType dtype) const = 0;
+  // Threads used by host-side kernels (CPU backend); other backends may ignore it.
+  virtual void set_threads(int threads) { (void)threads; }
+
+  // Memory.
+  virtual void* allocate(size_t bytes) = 0;  // throws tessera::Error when out of memory
+  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // Kernels.
+  // out[i] = table[ids[i]] as float, for n ids; table is [vocab][dim].
+  virtual void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) = 0;
+  // y[m][n] = x[m][k] · W[n][k]ᵀ
+  virtual void gemm(const float* x, int64_t m, const WeightView& w, float* y) = 0;
+  virtual void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                        float eps) = 0;
+  // In place on x[rows][n_heads * head_dim]; row r rotates by positions[r].
+  virtual void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads,
+                    int64_t head_dim, int64_t rope_dim, float theta, RopeStyle style) = 0;
+  // out = silu(gate) * up, elementwise over n values.
+  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  virtual void add(const float* a, const float* b, float* out, int64_t n) = 0;
+  virtual void softmax(float* x, int64_t rows, int64_t cols) = 0;
+  // Stores k and v rows ([rows][n_kv_heads * head_dim]) at the given slots
+  // (slot = block * block_size + offset).
+  virtual void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots,
+                        int64_t rows) = 0;
+  virtual void attention(const AttentionArgs& args, const KvLayerView& kv) = 0;
+  // out[r] = argmax of logits row r (first maximum on ties).
+  virtual void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) = 0;
+};
+
+}  // namespace tessera

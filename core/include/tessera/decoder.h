@@ -1,0 +1,43 @@
+// Decoder: turns logits into tokens (the decoding strategy).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/cache.h"
+
+namespace tessera {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = off
+  double top_p = 1.0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  uint64_t seed = 0;
+};
+
+// Throws tessera::Error naming the field and value when out of range.
+void validate_sampling(const SamplingParams& p);
+
+// One sequence's choice this step.
+struct DecodeItem {
+  SeqId seq = 0;
+  const float* logits = nullptr;  // host memory, [vocab]
+  int64_t vocab = 0;
+  SamplingParams params;
+  std::span<const int32_t> history;  // prompt and generated tokens so far
+  uint64_t* rng_state = nullptr;     // per sequence: same seed, same output, whatever the batch
+  std::vector<int32_t> tokens;       // out: the chosen token(s)
+};
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // Sampling settings from the pipeline file, used where a request gives none.
+  virtual SamplingParams default_params() const = 0;
+  virtual void select(std::span<DecodeItem> items) = 0;
+};
+
+}  // namespace tessera

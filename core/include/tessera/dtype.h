@@ -1,0 +1,39 @@
+// Element types of tensors: plain floats and integers, packed int4, and GGUF block formats.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tessera {
+
+enum class DType : uint8_t {
+  F32,
+  F16,
+  BF16,
+  I8,
+  I32,
+  I4,    // two 4-bit values per byte, low nibble first
+  Q8_0,  // GGUF: blocks of 32, fp16 scale + 32 x int8
+  Q4_0,  // GGUF: blocks of 32, fp16 scale + 16 bytes of nibbles (offset 8)
+  Q4_K,  // GGUF k-quants: super-blocks of 256
+  Q6_K,
+};
+
+std::string_view dtype_name(DType t);
+// Elements per storage block (1 for scalar types, 2 for I4, 32 for Q8_0/Q4_0, 256 for K-quants).
+int64_t dtype_block_elems(DType t);
+size_t dtype_block_bytes(DType t);
+// Bytes of a row of n elements; throws Error when n is not a multiple of the block.
+size_t dtype_row_bytes(DType t, int64_t n);
+bool dtype_is_float(DType t);  // F32, F16, BF16
+
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);  // round to nearest even
+
+// Converts n elements of a row stored as `t` to float (F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K).
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+}  // namespace tessera

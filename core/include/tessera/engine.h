@@ -1,0 +1,89 @@
+// The engine: a request queue and the step loop. Each step the scheduler picks the work, the cache
+// provides blocks, the model runs one ragged batch and the decoder picks tokens, which are streamed
+// to their requests. Single-threaded: callers that serve from several threads serialise access.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/decoder.h"
+#include "tessera/pipeline.h"
+
+namespace tessera {
+
+using RequestId = SeqId;
+
+enum class FinishReason : uint8_t { none, stop, length, cancelled };
+std::string_view finish_reason_name(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids (with BOS where the model wants it)
+  int64_t max_tokens = 128;
+  std::optional<SamplingParams> sampling;  // absent: the decoder's defaults
+  std::string user = "anonymous";
+  int32_t priority = 0;
+  bool retain = true;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_tokens;  // in addition to EOS
+  // Called for every generated token, in order.
+  std::function<void(RequestId, int32_t token)> on_token;
+};
+
+struct GenerationResult {
+  RequestId id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::none;
+  double submitted = 0;    // engine clock, seconds
+  double admitted = 0;     // first scheduled
+  double first_token = 0;
+  double finished = 0;
+  int64_t preemptions = 0;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens computed (recomputation included)
+  int64_t decode_tokens = 0;   // tokens generated
+  int64_t preemptions = 0;
+  int64_t waiting = 0;
+  int64_t running = 0;
+};
+
+class Engine {
+ public:
+  explicit Engine(Pipeline& pipeline);
+  ~Engine();
+
+  // Throws Error for an empty prompt, a prompt that does not fit the context, or bad sampling values.
+  RequestId submit(GenerationRequest request);
+  void cancel(RequestId id);
+  // Runs one step; false when there was nothing to do.
+  bool step();
+  // Steps until every submitted request has finished.
+  void run_until_idle();
+  std::vector<GenerationResult> take_finished();
+  EngineStats stats() const;
+  double now() const;
+
+ private:
+  struct Sequence;
+  class Budget;
+  void finish(Sequence& s, FinishReason reason);
+  Sequence* find(RequestId id);
+
+  Pipeline& pipeline_;
+  std::chrono::steady_clock::time_point start_;
+  RequestId next_id_ = 1;
+  std::vector<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<GenerationResult> finished_;
+  EngineStats stats_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,91 @@
+// The Llama-family model: embeddings, RMSNorm, RoPE, attention (GQA/MQA/MHA), SwiGLU and the
+// output head, run over a ragged batch on a backend. It calls the Quantizer (for every linear),
+// the Attention and the Cache through their interfaces, never a concrete plugin.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/attention.h"
+#include "tessera/backend.h"
+#include "tessera/cache.h"
+#include "tessera/device_buffer.h"
+#include "tessera/gguf.h"
+#include "tessera/quantizer.h"
+
+namespace tessera {
+
+struct ModelConfig {
+  std::string architecture;
+  std::string name;
+  int64_t n_layers = 0;
+  int64_t dim = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t ffn_dim = 0;
+  int64_t vocab = 0;
+  int64_t context_length = 0;
+  int64_t rope_dim = 0;
+  float rope_theta = 10000.0f;
+  RopeStyle rope_style = RopeStyle::adjacent;
+  float rms_eps = 1e-5f;
+  int64_t sliding_window = 0;
+  bool tied_output = false;
+};
+
+// Reads the architecture from GGUF metadata; throws Error naming the missing or bad key.
+ModelConfig read_model_config(const GgufFile& file);
+
+// One sequence's part of a step: `tokens` at positions start_pos..; logits are returned for its
+// last `logit_rows` tokens (1 for generation, all for perplexity, k+1 for speculative checks).
+struct ForwardSeq {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;
+  int64_t start_pos = 0;
+  int64_t logit_rows = 1;
+};
+
+class Model {
+ public:
+  Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  // Backend memory held by weights (embeddings, norms, linears).
+  size_t weight_bytes() const { return weight_bytes_; }
+  // A short description of the weight formats, e.g. "f32 x 36" or "q8_0 x 35, f32 x 1".
+  std::string weight_formats() const;
+  std::vector<OpRequirement> requirements() const;
+
+  // Runs one step; the cache must already hold blocks for every token. Writes logits rows in batch
+  // order to `logits` (host memory, resized to rows * vocab).
+  void forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
+               std::vector<float>& logits);
+
+ private:
+  struct Layer;
+  void upload_step(std::span<const ForwardSeq> batch, Cache& cache, int64_t n_tokens);
+
+  std::shared_ptr<const GgufFile> file_;
+  Backend& backend_;
+  ModelConfig config_;
+  WeightView embedding_;
+  DeviceBuffer embedding_buffer_;
+  DeviceBuffer output_norm_;
+  std::unique_ptr<Linear> output_;
+  std::vector<Layer> layers_;
+  size_t weight_bytes_ = 0;
+  std::vector<std::string> formats_;
+
+  // Per-step scratch, grown on demand.
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace tessera

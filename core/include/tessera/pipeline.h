@@ -1,0 +1,59 @@
+// A built pipeline: the backend, the model on it, the tokenizer and one component of each kind,
+// created through the registry from a PipelineSpec.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessera/gguf.h"
+#include "tessera/model.h"
+#include "tessera/pipeline_spec.h"
+#include "tessera/registry.h"
+#include "tessera/tokenizer.h"
+
+namespace tessera {
+
+struct PipelineOptions {
+  std::string model;    // overrides the pipeline's model when set (-m)
+  std::string backend;  // overrides the pipeline's backend when set
+  int threads = 0;      // CPU threads; 0 = the backend's default
+};
+
+class Pipeline {
+ public:
+  // Validates the spec (plugins, parameters, backend ops) and loads the model; throws Error.
+  static std::unique_ptr<Pipeline> build(const PipelineSpec& spec, const Registry& registry,
+                                         const PipelineOptions& options = {});
+  ~Pipeline();
+
+  const PipelineSpec& spec() const { return spec_; }
+  const std::string& model_path() const { return model_path_; }
+  Backend& backend() { return *backend_; }
+  Model& model() { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  Quantizer& quantizer() { return *quantizer_; }
+  Attention& attention() { return *attention_; }
+  Cache& cache() { return *cache_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  Decoder& decoder() { return *decoder_; }
+  // "cpu | none gqa contiguous fcfs sampling"
+  std::string describe() const;
+
+ private:
+  Pipeline() = default;
+  PipelineSpec spec_;
+  std::string model_path_;
+  // Declaration order is destruction order reversed: components that hold backend memory or
+  // objects made by a plugin go before the backend and that plugin.
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<const GgufFile> file_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<Quantizer> quantizer_;
+  std::shared_ptr<Attention> attention_;
+  std::shared_ptr<Cache> cache_;
+  std::shared_ptr<Scheduler> scheduler_;
+  std::shared_ptr<Decoder> decoder_;
+  std::unique_ptr<Model> model_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// A pipeline file (YAML): which plugin serves each component kind, with its parameters.
+//
+//   model: ../shared/models/stories260K/stories260K-f32.gguf
+//   backend: auto                      # cpu | cuda | hip | auto
+//   extends: baseline.yaml             # optional: start from another pipeline, then override
+//   components:
+//     quantizer: { plugin: none }
+//     attention: { plugin: gqa }
+//     cache:     { plugin: contiguous, max_seqs: 8 }
+//     scheduler: { plugin: fcfs }
+//     decoder:   { plugin: sampling, temperature: 0 }
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/component.h"
+
+namespace tessera {
+
+class Registry;
+
+struct ComponentSpec {
+  std::string plugin;
+  nlohmann::json params = nlohmann::json::object();
+  std::string where;                               // "file:line" of the component
+  std::map<std::string, std::string> param_where;  // "file:line" of each parameter
+};
+
+struct PipelineSpec {
+  std::string path;  // the file it was read from ("" for built-in defaults)
+  std::string model;
+  std::string model_where;
+  std::string backend = "auto";
+  nlohmann::json backend_params = nlohmann::json::object();
+  std::string backend_where;
+  std::map<ComponentKind, ComponentSpec> components;  // every kind present after loading
+};
+
+// Built-in defaults for kinds a file leaves out.
+std::string default_plugin(ComponentKind kind);
+
+// Reads a pipeline file, following `extends:`; throws Error naming the file and line.
+PipelineSpec load_pipeline_spec(const std::string& path);
+// The defaults alone (no file).
+PipelineSpec default_pipeline_spec();
+// Checks plugin names and parameters against what the registry declares; throws Error with the
+// file and line of the offending key.
+void validate_pipeline_spec(const PipelineSpec& spec, const Registry& registry);
+
+}  // namespace tessera

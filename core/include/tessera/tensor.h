@@ -1,0 +1,31 @@
+// Non-owning views of tensors in backend memory. Shapes are row-major, outermost first
+// (a GGUF tensor with ne0=cols, ne1=rows is {rows, cols}).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/dtype.h"
+
+namespace tessera {
+
+// A 2-D weight matrix W[rows][cols] (rows = output features) as the backend stores it.
+// Quantized formats may carry per-row or per-group scales beside the packed data.
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* scales = nullptr;  // per-row/per-group scales for formats that keep them apart
+  const float* zeros = nullptr;   // asymmetric formats: per-group zero points
+  int64_t group_size = 0;         // elements per scale group; 0 = per row
+};
+
+// A contiguous float activation matrix [rows][cols] in backend memory.
+struct MatrixView {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+}  // namespace tessera

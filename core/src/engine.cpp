@@ -1,0 +1,293 @@
+#include "tessera/engine.h"
+
+#include <algorithm>
+#include <string>
+
+#include "tessera/error.h"
+
+namespace tessera {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+struct Engine::Sequence {
+  GenerationRequest request;
+  GenerationResult result;
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
+  int64_t computed = 0;         // tokens whose KV is in the cache
+  int64_t max_total = 0;        // prompt + max_tokens, capped by the context
+  uint64_t rng = 0;
+  SamplingParams sampling;
+  bool cancelled = false;
+
+  SequenceInfo info() const {
+    SequenceInfo i;
+    i.id = result.id;
+    i.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    i.total_tokens = static_cast<int64_t>(tokens.size());
+    i.computed_tokens = computed;
+    i.max_new_tokens = request.max_tokens;
+    i.expected_output = request.max_tokens;
+    i.priority = request.priority;
+    i.arrival_time = result.submitted;
+    return i;
+  }
+};
+
+// The scheduler's view of the cache for one step: reservations accumulate into one plan, which the
+// engine commits when the scheduler is done.
+class Engine::Budget final : public KvBudget {
+ public:
+  Budget(Cache& cache, Engine& engine) : cache_(cache), engine_(engine) {}
+
+  bool reserve(SeqId seq, int64_t total_tokens) override {
+    Sequence* s = engine_.find(seq);
+    if (s == nullptr) return false;
+    std::vector<CacheRequest> trial = requests_;
+    auto it = std::find_if(trial.begin(), trial.end(), [&](const CacheRequest& r) { return r.seq == seq; });
+    CacheRequest req{seq, total_tokens, s->tokens, s->request.user, s->request.retain};
+    if (it != trial.end()) {
+      *it = req;
+    } else {
+      trial.push_back(req);
+    }
+    auto plan = cache_.plan(trial);
+    if (!plan) return false;
+    requests_ = std::move(trial);
+    plan_ = std::move(plan);
+    return true;
+  }
+
+  void release(SeqId seq) override {
+    std::erase_if(requests_, [&](const CacheRequest& r) { return r.seq == seq; });
+    cache_.release(seq);
+    plan_.reset();
+    if (!requests_.empty()) plan_ = cache_.plan(requests_);
+  }
+
+  const std::optional<CachePlan>& plan() const { return plan_; }
+
+ private:
+  Cache& cache_;
+  Engine& engine_;
+  std::vector<CacheRequest> requests_;
+  std::optional<CachePlan> plan_;
+};
+
+Engine::Engine(Pipeline& pipeline) : pipeline_(pipeline), start_(std::chrono::steady_clock::now()) {}
+Engine::~Engine() {
+  for (auto& s : running_) pipeline_.cache().release(s->result.id);
+}
+
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+Engine::Sequence* Engine::find(RequestId id) {
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& s : *list) {
+      if (s->result.id == id) return s.get();
+    }
+  }
+  return nullptr;
+}
+
+RequestId Engine::submit(GenerationRequest request) {
+  const int64_t ctx = pipeline_.model().config().context_length;
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) throw Error("the prompt is empty");
+  if (n >= ctx) {
+    throw Error("the prompt has " + std::to_string(n) + " tokens; the model's context is " + std::to_string(ctx) +
+                " tokens, which must also leave room for at least one generated token");
+  }
+  if (request.max_tokens < 0) throw Error("max_tokens must be >= 0, got " + std::to_string(request.max_tokens));
+  const int64_t vocab = pipeline_.model().config().vocab;
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= vocab) {
+      throw Error("prompt token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                  std::to_string(vocab - 1) + ")");
+    }
+  }
+  auto s = std::make_unique<Sequence>();
+  s->sampling = request.sampling ? *request.sampling : pipeline_.decoder().default_params();
+  validate_sampling(s->sampling);
+  s->rng = s->sampling.seed;
+  s->result.id = next_id_++;
+  s->result.prompt = request.prompt;
+  s->result.submitted = now();
+  s->tokens = request.prompt;
+  s->max_total = std::min(ctx, n + request.max_tokens);
+  s->request = std::move(request);
+  const RequestId id = s->result.id;
+  if (s->max_total == n) {
+    finish(*s, FinishReason::length);
+  } else {
+    waiting_.push_back(std::move(s));
+  }
+  return id;
+}
+
+void Engine::cancel(RequestId id) {
+  if (Sequence* s = find(id)) s->cancelled = true;
+}
+
+void Engine::finish(Sequence& s, FinishReason reason) {
+  pipeline_.cache().release(s.result.id);
+  s.result.reason = reason;
+  s.result.finished = now();
+  finished_.push_back(std::move(s.result));
+}
+
+bool Engine::step() {
+  // Cancelled requests leave before scheduling and give their blocks back.
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& s : *list) {
+      if (s->cancelled) finish(*s, FinishReason::cancelled);
+    }
+    std::erase_if(*list, [](const auto& s) { return s->cancelled; });
+  }
+  if (running_.empty() && waiting_.empty()) return false;
+
+  std::vector<SequenceInfo> waiting_info, running_info;
+  for (auto& s : waiting_) waiting_info.push_back(s->info());
+  for (auto& s : running_) running_info.push_back(s->info());
+  SchedulerView view{waiting_info, running_info, pipeline_.model().config().context_length};
+  Cache& cache = pipeline_.cache();
+  Budget budget(cache, *this);
+  StepPlan plan = pipeline_.scheduler().schedule(view, budget);
+
+  // Preempted sequences go back to the front of the queue and will recompute their KV.
+  for (SeqId id : plan.preempted) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->result.id == id; });
+    if (it == running_.end()) continue;
+    (*it)->computed = 0;
+    ++(*it)->result.preemptions;
+    ++stats_.preemptions;
+    waiting_.insert(waiting_.begin(), std::move(*it));
+    running_.erase(it);
+  }
+  if (plan.work.empty()) {
+    if (running_.empty() && !waiting_.empty()) {
+      throw Error("the scheduler admitted nothing although no request is running: the KV cache cannot hold the "
+                  "oldest waiting request (" + std::to_string(waiting_.front()->tokens.size()) + " tokens)");
+    }
+    return !running_.empty() || !waiting_.empty();
+  }
+  if (!budget.plan()) throw Error("scheduler '" + pipeline_.spec().components.at(ComponentKind::scheduler).plugin +
+                                  "' scheduled work without reserving cache space");
+  cache.commit(*budget.plan());
+  for (const CacheGrant& g : budget.plan()->grants) {
+    if (Sequence* s = find(g.seq)) s->computed = std::max(s->computed, std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1));
+  }
+
+  // Admit newly scheduled sequences, then build the batch in plan order.
+  const double t = now();
+  std::vector<ForwardSeq> batch;
+  std::vector<Sequence*> batch_seqs;
+  for (const ScheduledWork& w : plan.work) {
+    auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->result.id == w.id; });
+    if (it != waiting_.end()) {
+      if ((*it)->result.admitted == 0) (*it)->result.admitted = t;
+      running_.push_back(std::move(*it));
+      waiting_.erase(it);
+    }
+    Sequence* s = find(w.id);
+    if (s == nullptr || w.n_tokens <= 0) continue;
+    const int64_t end = std::min<int64_t>(int64_t(s->tokens.size()), s->computed + w.n_tokens);
+    if (end <= s->computed) continue;
+    ForwardSeq fs;
+    fs.seq = w.id;
+    fs.tokens = std::span<const int32_t>(s->tokens).subspan(size_t(s->computed), size_t(end - s->computed));
+    fs.start_pos = s->computed;
+    fs.logit_rows = end == int64_t(s->tokens.size()) ? 1 : 0;
+    batch.push_back(fs);
+    batch_seqs.push_back(s);
+  }
+  pipeline_.model().forward(batch, pipeline_.attention(), cache, logits_);
+  ++stats_.steps;
+
+  // Decode: one item per sequence that produced logits.
+  std::vector<DecodeItem> items;
+  std::vector<Sequence*> item_seqs;
+  size_t row = 0;
+  const int64_t vocab = pipeline_.model().config().vocab;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence* s = batch_seqs[i];
+    const int64_t n = int64_t(batch[i].tokens.size());
+    if (s->computed < int64_t(s->request.prompt.size())) {
+      stats_.prefill_tokens += std::min<int64_t>(n, int64_t(s->request.prompt.size()) - s->computed);
+    }
+    s->computed += n;
+    cache.mark_computed(s->result.id, s->computed);
+    if (batch[i].logit_rows == 0) continue;
+    DecodeItem item;
+    item.seq = s->result.id;
+    item.logits = logits_.data() + row * size_t(vocab);
+    item.vocab = vocab;
+    item.params = s->sampling;
+    item.history = s->tokens;
+    item.rng_state = &s->rng;
+    items.push_back(std::move(item));
+    item_seqs.push_back(s);
+    ++row;
+  }
+  pipeline_.decoder().select(items);
+
+  const int32_t eos = pipeline_.tokenizer().eos();
+  const double t_done = now();
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence* s = item_seqs[i];
+    FinishReason reason = FinishReason::none;
+    for (int32_t tok : items[i].tokens) {
+      s->tokens.push_back(tok);
+      s->result.tokens.push_back(tok);
+      ++stats_.decode_tokens;
+      if (s->result.first_token == 0) s->result.first_token = t_done;
+      if (s->request.on_token) s->request.on_token(s->result.id, tok);
+      const bool stop = (!s->request.ignore_eos && tok == eos) ||
+                        std::find(s->request.stop_tokens.begin(), s->request.stop_tokens.end(), tok) !=
+                            s->request.stop_tokens.end();
+      if (stop) {
+        reason = FinishReason::stop;
+        break;
+      }
+      if (int64_t(s->tokens.size()) >= s->max_total) {
+        reason = FinishReason::length;
+        break;
+      }
+    }
+    if (reason != FinishReason::none) {
+      finish(*s, reason);
+      s->cancelled = true;  // removed below
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->cancelled; });
+  return true;
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+std::vector<GenerationResult> Engine::take_finished() {
+  std::vector<GenerationResult> out;
+  out.swap(finished_);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.running = static_cast<int64_t>(running_.size());
+  return s;
+}
+
+}  // namespace tessera

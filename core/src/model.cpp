@@ -1,0 +1,319 @@
+#include "tessera/model.h"
+
+#include <cmath>
+#include <map>
+
+#include "tessera/error.h"
+
+namespace tessera {
+
+ModelConfig read_model_config(const GgufFile& file) {
+  ModelConfig c;
+  c.architecture = file.get_string("general.architecture");
+  static const char* const kSupported[] = {"llama", "mistral"};
+  bool supported = false;
+  for (const char* a : kSupported) supported = supported || c.architecture == a;
+  if (!supported) {
+    throw Error(file.path() + ": architecture '" + c.architecture +
+                "' is not supported (supported: llama, mistral)");
+  }
+  const std::string a = c.architecture + ".";
+  if (const GgufValue* v = file.find("general.name"); v != nullptr) c.name = file.get_string("general.name");
+  c.n_layers = file.get_int(a + "block_count");
+  c.dim = file.get_int(a + "embedding_length");
+  c.n_heads = file.get_int(a + "attention.head_count");
+  c.n_kv_heads = file.get_int(a + "attention.head_count_kv", c.n_heads);
+  c.ffn_dim = file.get_int(a + "feed_forward_length");
+  c.context_length = file.get_int(a + "context_length");
+  c.rms_eps = static_cast<float>(file.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(file.get_float(a + "rope.freq_base", 10000.0));
+  c.sliding_window = file.get_int(a + "attention.sliding_window", 0);
+  auto positive = [&](const char* what, int64_t v) {
+    if (v <= 0 || v > (int64_t(1) << 24)) {
+      throw Error(file.path() + ": " + a + what + " = " + std::to_string(v) + " is out of range");
+    }
+  };
+  positive("block_count", c.n_layers);
+  positive("embedding_length", c.dim);
+  positive("attention.head_count", c.n_heads);
+  positive("attention.head_count_kv", c.n_kv_heads);
+  positive("feed_forward_length", c.ffn_dim);
+  positive("context_length", c.context_length);
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0) {
+    throw Error(file.path() + ": embedding_length " + std::to_string(c.dim) + ", head_count " +
+                std::to_string(c.n_heads) + " and head_count_kv " + std::to_string(c.n_kv_heads) +
+                " do not divide evenly");
+  }
+  c.head_dim = c.dim / c.n_heads;
+  c.rope_dim = file.get_int(a + "rope.dimension_count", c.head_dim);
+  if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
+    throw Error(file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) +
+                " must be even and at most the head size " + std::to_string(c.head_dim));
+  }
+  const GgufTensor* emb = file.find_tensor("token_embd.weight");
+  if (emb == nullptr) throw Error(file.path() + ": tensor 'token_embd.weight' is missing");
+  c.vocab = emb->rows();
+  c.tied_output = file.find_tensor("output.weight") == nullptr;
+  return c;
+}
+
+struct Model::Layer {
+  DeviceBuffer attn_norm, ffn_norm;
+  std::unique_ptr<Linear> wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+struct Model::Scratch {
+  int64_t capacity = 0;  // tokens
+  int64_t logit_capacity = 0;
+  DeviceBuffer x, xb, q, k, v, att, hb, hb2, ids, positions, slots, seqs, block_tables, logit_rows,
+      logits;
+  std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
+  std::vector<AttentionSeqDesc> host_seqs;
+};
+
+namespace {
+
+const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
+                                 std::vector<int64_t> shape) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (t == nullptr) throw Error(f.path() + ": tensor '" + name + "' is missing");
+  if (t->shape != shape) {
+    auto show = [](const std::vector<int64_t>& s) {
+      std::string out = "[";
+      for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+      return out + "]";
+    };
+    throw Error(f.path() + ": tensor '" + name + "' has shape " + show(t->shape) + ", expected " +
+                show(shape) + " (ggml order)");
+  }
+  return *t;
+}
+
+WeightSource source_of(const GgufTensor& t, const std::string& name) {
+  WeightSource w;
+  w.name = name;
+  w.dtype = t.dtype;
+  w.data = t.data;
+  w.rows = t.rows();
+  w.cols = t.row_length();
+  return w;
+}
+
+}  // namespace
+
+Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer)
+    : file_(std::move(file)), backend_(backend), config_(read_model_config(*file_)),
+      scratch_(std::make_unique<Scratch>()) {
+  const GgufFile& f = *file_;
+  const ModelConfig& c = config_;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+
+  auto norm = [&](const std::string& name) {
+    const GgufTensor& t = require_tensor(f, name, {c.dim});
+    std::vector<float> host(static_cast<size_t>(c.dim));
+    dequantize_row(t.dtype, t.data, host.data(), c.dim);
+    DeviceBuffer buf(backend_, host.size() * sizeof(float));
+    buf.upload(host.data(), host.size() * sizeof(float));
+    weight_bytes_ += buf.size();
+    return buf;
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    const GgufTensor& t = require_tensor(f, name, {in, out});
+    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(t, name));
+    weight_bytes_ += l->resident_bytes();
+    formats_.push_back(l->format());
+    return l;
+  };
+
+  const GgufTensor& emb = require_tensor(f, "token_embd.weight", {c.dim, c.vocab});
+  if (!backend_.supports(Op::embedding, emb.dtype)) {
+    throw Error(std::string(backend_.name()) + " backend lacks embedding on " +
+                std::string(dtype_name(emb.dtype)) + " (token_embd.weight)");
+  }
+  embedding_buffer_ = DeviceBuffer(backend_, emb.nbytes);
+  embedding_buffer_.upload(emb.data, emb.nbytes);
+  weight_bytes_ += emb.nbytes;
+  embedding_ = WeightView{embedding_buffer_.get(), emb.dtype, c.vocab, c.dim};
+
+  layers_.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    Layer& L = layers_[static_cast<size_t>(i)];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    L.attn_norm = norm(p + "attn_norm.weight");
+    L.ffn_norm = norm(p + "ffn_norm.weight");
+    L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
+    L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
+    L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
+    L.wo = linear(p + "attn_output.weight", c.dim, c.dim);
+    L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim);
+    L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim);
+  }
+  output_norm_ = norm("output_norm.weight");
+  if (c.tied_output) {
+    // Tied embeddings: the head reads token_embd; the quantizer still sees it as "output.weight"
+    // so that per-layer rules for the output layer apply.
+    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(emb, "output.weight"));
+    weight_bytes_ += l->resident_bytes();
+    formats_.push_back(l->format());
+    output_ = std::move(l);
+  } else {
+    output_ = linear("output.weight", c.vocab, c.dim);
+  }
+}
+
+Model::~Model() = default;
+
+std::string Model::weight_formats() const {
+  std::map<std::string, int> counts;
+  for (const auto& f : formats_) ++counts[f];
+  std::string out;
+  for (const auto& [f, n] : counts) out += (out.empty() ? "" : ", ") + f + " x " + std::to_string(n);
+  return out;
+}
+
+std::vector<OpRequirement> Model::requirements() const {
+  return {{Op::rms_norm, DType::F32, "model"}, {Op::rope, DType::F32, "model"},
+          {Op::silu_mul, DType::F32, "model"}, {Op::add, DType::F32, "model"}};
+}
+
+void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache, int64_t n_tokens) {
+  Scratch& s = *scratch_;
+  s.host_ids.clear();
+  s.host_positions.clear();
+  s.host_slots.clear();
+  s.host_tables.clear();
+  s.host_seqs.clear();
+  s.host_logit_rows.clear();
+  int32_t row = 0;
+  for (const ForwardSeq& fs : batch) {
+    const auto table = cache.block_table(fs.seq);
+    const int64_t block_size = cache.layer(0).block_size;
+    const int64_t n = static_cast<int64_t>(fs.tokens.size());
+    const int64_t end = fs.start_pos + n;
+    if (end > static_cast<int64_t>(table.size()) * block_size) {
+      throw Error("cache holds " + std::to_string(table.size() * block_size) + " slots for sequence " +
+                  std::to_string(fs.seq) + " but the step needs " + std::to_string(end));
+    }
+    AttentionSeqDesc d;
+    d.q_start = row;
+    d.q_len = static_cast<int32_t>(n);
+    d.context_len = static_cast<int32_t>(end);
+    d.block_table_offset = static_cast<int32_t>(s.host_tables.size());
+    s.host_seqs.push_back(d);
+    s.host_tables.insert(s.host_tables.end(), table.begin(), table.end());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = fs.start_pos + i;
+      s.host_ids.push_back(fs.tokens[static_cast<size_t>(i)]);
+      s.host_positions.push_back(static_cast<int32_t>(pos));
+      s.host_slots.push_back(static_cast<int32_t>(table[static_cast<size_t>(pos / block_size)] * block_size +
+                                                  pos % block_size));
+    }
+    const int64_t wanted = std::min<int64_t>(fs.logit_rows, n);
+    for (int64_t i = n - wanted; i < n; ++i) s.host_logit_rows.push_back(row + static_cast<int32_t>(i));
+    row += static_cast<int32_t>(n);
+  }
+  (void)n_tokens;
+  auto up = [&](DeviceBuffer& buf, const auto& vec) {
+    const size_t bytes = vec.size() * sizeof(vec[0]);
+    buf.ensure(backend_, std::max<size_t>(bytes, 64));
+    if (bytes) buf.upload(vec.data(), bytes);
+  };
+  up(s.ids, s.host_ids);
+  up(s.positions, s.host_positions);
+  up(s.slots, s.host_slots);
+  up(s.block_tables, s.host_tables);
+  up(s.seqs, s.host_seqs);
+}
+
+void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
+                    std::vector<float>& logits) {
+  const ModelConfig& c = config_;
+  int64_t T = 0;
+  for (const auto& fs : batch) T += static_cast<int64_t>(fs.tokens.size());
+  if (T == 0) {
+    logits.clear();
+    return;
+  }
+  Scratch& s = *scratch_;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  if (T > s.capacity) {
+    const int64_t cap = std::max<int64_t>(T, 16);
+    auto f32 = [&](DeviceBuffer& b, int64_t cols) { b = DeviceBuffer(backend_, size_t(cap * cols) * 4); };
+    f32(s.x, c.dim);
+    f32(s.xb, c.dim);
+    f32(s.q, c.dim);
+    f32(s.k, kv_dim);
+    f32(s.v, kv_dim);
+    f32(s.att, c.dim);
+    f32(s.hb, c.ffn_dim);
+    f32(s.hb2, c.ffn_dim);
+    s.capacity = cap;
+  }
+  upload_step(batch, cache, T);
+  const auto* ids = s.ids.as<int32_t>();
+  const auto* pos = s.positions.as<int32_t>();
+  float* x = s.x.as<float>();
+  float* xb = s.xb.as<float>();
+  float* q = s.q.as<float>();
+  float* k = s.k.as<float>();
+  float* v = s.v.as<float>();
+  float* att = s.att.as<float>();
+  float* hb = s.hb.as<float>();
+  float* hb2 = s.hb2.as<float>();
+
+  AttentionStep step;
+  step.n_tokens = T;
+  step.slots = s.slots.as<int32_t>();
+  step.seqs = s.seqs.as<AttentionSeqDesc>();
+  step.block_tables = s.block_tables.as<int32_t>();
+  step.host_seqs = s.host_seqs;
+  for (const auto& d : s.host_seqs) {
+    step.max_q_len = std::max(step.max_q_len, d.q_len);
+    step.max_context_len = std::max(step.max_context_len, d.context_len);
+  }
+
+  backend_.embedding(embedding_, ids, T, x);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    backend_.rms_norm(x, L.attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
+    L.wq->forward(xb, T, q);
+    L.wk->forward(xb, T, k);
+    L.wv->forward(xb, T, v);
+    backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+    backend_.rope(k, pos, T, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+    attention.forward(backend_, step, cache.layer(l), q, k, v, att);
+    L.wo->forward(att, T, xb);
+    backend_.add(x, xb, x, T * c.dim);
+    backend_.rms_norm(x, L.ffn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
+    L.w_gate->forward(xb, T, hb);
+    L.w_up->forward(xb, T, hb2);
+    backend_.silu_mul(hb, hb2, hb, T * c.ffn_dim);
+    L.w_down->forward(hb, T, xb);
+    backend_.add(x, xb, x, T * c.dim);
+  }
+
+  // Only the rows whose logits are wanted go through the output head.
+  const auto rows = static_cast<int64_t>(s.host_logit_rows.size());
+  logits.resize(static_cast<size_t>(rows * c.vocab));
+  if (rows == 0) return;
+  if (rows > s.logit_capacity) {
+    s.logits = DeviceBuffer(backend_, size_t(rows * c.vocab) * 4);
+    s.logit_capacity = rows;
+  }
+  const bool all_rows = rows == T;
+  float* head_in = x;
+  if (!all_rows) {
+    // Gather the wanted rows to the front of xb.
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t src = s.host_logit_rows[static_cast<size_t>(r)];
+      backend_.copy_on_device(xb + r * c.dim, x + src * c.dim, size_t(c.dim) * 4);
+    }
+    head_in = xb;
+  }
+  backend_.rms_norm(head_in, output_norm_.as<float>(), head_in, rows, c.dim, c.rms_eps);
+  output_->forward(head_in, rows, s.logits.as<float>());
+  backend_.copy_to_host(logits.data(), s.logits.get(), logits.size() * sizeof(float));
+}
+
+}  // namespace tessera

@@ -1,0 +1,102 @@
+#include "tessera/pipeline.h"
+
+#include <filesystem>
+
+#include "tessera/error.h"
+
+namespace tessera {
+
+namespace {
+
+std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::string& name,
+                                      const Registry& registry) {
+  const std::string where = spec.backend_where.empty() ? "backend" : spec.backend_where + ": backend";
+  if (name != "auto") {
+    return registry.create<Backend>(name, spec.backend_params, where);
+  }
+  // auto: the first accelerator that loads and has a device, else the CPU.
+  for (const char* candidate : {"cuda", "hip"}) {
+    if (registry.find(ComponentKind::backend, candidate) == nullptr) continue;
+    try {
+      auto backend = registry.create<Backend>(candidate, nlohmann::json::object(), where);
+      if (!backend->devices().empty()) return backend;
+    } catch (const Error&) {
+      // No device or driver: fall through to the next candidate.
+    }
+  }
+  return registry.create<Backend>("cpu", spec.backend_params, where);
+}
+
+}  // namespace
+
+Pipeline::~Pipeline() = default;
+
+std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Registry& registry,
+                                          const PipelineOptions& options) {
+  std::unique_ptr<Pipeline> p(new Pipeline());
+  p->spec_ = spec_in;
+  PipelineSpec& spec = p->spec_;
+  if (!options.model.empty()) {
+    spec.model = options.model;
+    spec.model_where = "-m";
+  }
+  if (!options.backend.empty()) spec.backend = options.backend;
+  validate_pipeline_spec(spec, registry);
+  if (spec.model.empty()) {
+    throw Error((spec.path.empty() ? std::string("pipeline") : spec.path) + ": no model given (set 'model:' or pass -m)");
+  }
+  if (!std::filesystem::exists(spec.model)) {
+    throw Error((spec.model_where.empty() ? std::string("model") : spec.model_where) + ": model file '" +
+                spec.model + "' not found");
+  }
+  p->model_path_ = spec.model;
+
+  p->backend_ = make_backend(spec, spec.backend, registry);
+  if (options.threads > 0) p->backend_->set_threads(options.threads);
+  if (p->backend_->devices().empty()) {
+    throw Error("backend '" + std::string(p->backend_->name()) + "' has no device");
+  }
+
+  auto create = [&]<class T>(ComponentKind kind, std::shared_ptr<T>& out) {
+    const ComponentSpec& c = spec.components.at(kind);
+    out = registry.create<T>(c.plugin, c.params, c.where + ": " + std::string(kind_name(kind)) + " " + c.plugin);
+  };
+  create(ComponentKind::quantizer, p->quantizer_);
+  create(ComponentKind::attention, p->attention_);
+  create(ComponentKind::cache, p->cache_);
+  create(ComponentKind::scheduler, p->scheduler_);
+  create(ComponentKind::decoder, p->decoder_);
+
+  p->file_ = GgufFile::open(spec.model);
+  p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->file_));
+  p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
+  const ModelConfig& mc = p->model_->config();
+  if (p->tokenizer_->vocab_size() != mc.vocab) {
+    throw Error(spec.model + ": tokenizer has " + std::to_string(p->tokenizer_->vocab_size()) +
+                " tokens but token_embd.weight has " + std::to_string(mc.vocab) + " rows");
+  }
+
+  AttentionShape shape{mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.sliding_window};
+  p->attention_->configure(shape);
+  CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, DType::F32};
+
+  // Every op the components will call must exist on this backend, checked before the first step.
+  std::vector<OpRequirement> needs = p->model_->requirements();
+  for (auto& r : p->attention_->requirements(geometry.dtype)) needs.push_back(r);
+  for (const auto& r : needs) {
+    if (!p->backend_->supports(r.op, r.dtype)) {
+      throw Error(r.who + " needs " + std::string(op_name(r.op)) + " on " + std::string(dtype_name(r.dtype)) +
+                  ", which the " + std::string(p->backend_->name()) + " backend does not provide");
+    }
+  }
+  p->cache_->configure(*p->backend_, geometry);
+  return p;
+}
+
+std::string Pipeline::describe() const {
+  std::string out = std::string(backend_->name()) + " |";
+  for (ComponentKind k : kComponentKinds) out += " " + spec_.components.at(k).plugin;
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,230 @@
+#include "tessera/pipeline_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "tessera/error.h"
+#include "tessera/registry.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+std::string default_plugin(ComponentKind kind) {
+  switch (kind) {
+    case ComponentKind::quantizer: return "none";
+    case ComponentKind::attention: return "gqa";
+    case ComponentKind::cache: return "contiguous";
+    case ComponentKind::scheduler: return "fcfs";
+    case ComponentKind::decoder: return "sampling";
+    case ComponentKind::backend: return "auto";
+  }
+  return "";
+}
+
+namespace {
+
+std::string at(const std::string& file, const YAML::Node& node) {
+  return file + ":" + std::to_string(node.Mark().line + 1);
+}
+
+// YAML scalars carry no type; a quoted scalar is a string, a bare one is read as bool, integer or
+// number when it looks like one.
+nlohmann::json to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Scalar: {
+      const std::string s = node.Scalar();
+      if (node.Tag() == "!") return s;
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "~" || s == "null") return nullptr;
+      try {
+        size_t used = 0;
+        const long long i = std::stoll(s, &used);
+        if (used == s.size()) return static_cast<int64_t>(i);
+      } catch (const std::exception&) {
+      }
+      try {
+        size_t used = 0;
+        const double d = std::stod(s, &used);
+        if (used == s.size()) return d;
+      } catch (const std::exception&) {
+      }
+      return s;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& item : node) arr.push_back(to_json(item));
+      return arr;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json obj = nlohmann::json::object();
+      for (const auto& kv : node) obj[kv.first.as<std::string>()] = to_json(kv.second);
+      return obj;
+    }
+  }
+  return nullptr;
+}
+
+void merge_component(ComponentSpec& base, ComponentSpec over) {
+  if (over.plugin != base.plugin) {
+    base = std::move(over);  // another plugin: the base's parameters mean nothing to it
+    return;
+  }
+  for (auto& [k, v] : over.params.items()) base.params[k] = v;
+  for (auto& [k, w] : over.param_where) base.param_where[k] = w;
+  base.where = over.where;
+}
+
+PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
+  std::error_code ec;
+  const std::string canon = fs::weakly_canonical(path, ec).string();
+  if (!fs::exists(path)) throw Error(path + ": pipeline file not found");
+  if (chain.count(canon)) throw Error(path + ": 'extends' forms a cycle");
+  chain.insert(canon);
+
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+  if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
+
+  PipelineSpec spec;
+  if (const YAML::Node ext = root["extends"]) {
+    if (!ext.IsScalar()) throw Error(at(path, ext) + ": 'extends' must be a file name");
+    fs::path base = ext.Scalar();
+    if (base.is_relative()) base = fs::path(path).parent_path() / base;
+    try {
+      spec = load_file(base.string(), chain);
+    } catch (const Error& e) {
+      throw Error(at(path, ext) + ": in extended pipeline: " + e.what());
+    }
+  } else {
+    spec = default_pipeline_spec();
+  }
+  spec.path = path;
+
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& value = kv.second;
+    if (key == "extends") continue;
+    if (key == "model") {
+      if (!value.IsScalar()) throw Error(at(path, value) + ": 'model' must be a file path");
+      fs::path model = value.Scalar();
+      // Relative model paths are tried from the working directory, then from the pipeline's folder
+      // and its parent (the project root for files in pipelines/).
+      if (model.is_relative() && !fs::exists(model)) {
+        const fs::path dir = fs::path(path).parent_path();
+        for (const fs::path& cand : {dir / model, dir.parent_path() / model}) {
+          if (fs::exists(cand)) {
+            model = cand;
+            break;
+          }
+        }
+      }
+      spec.model = model.string();
+      spec.model_where = at(path, value);
+    } else if (key == "backend") {
+      spec.backend_where = at(path, value);
+      if (value.IsScalar()) {
+        spec.backend = value.Scalar();
+      } else if (value.IsMap() && value["plugin"]) {
+        spec.backend = value["plugin"].as<std::string>();
+        nlohmann::json params = to_json(value);
+        params.erase("plugin");
+        spec.backend_params = params;
+      } else {
+        throw Error(at(path, value) + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
+      }
+    } else if (key == "components") {
+      if (!value.IsMap()) throw Error(at(path, value) + ": 'components' must be a map of kind -> {plugin: ...}");
+      for (const auto& c : value) {
+        const std::string kind_text = c.first.as<std::string>();
+        ComponentKind kind;
+        if (!parse_kind(kind_text, &kind) || kind == ComponentKind::backend) {
+          throw Error(at(path, c.first) + ": unknown component kind '" + kind_text +
+                      "' (expected quantizer, attention, cache, scheduler, decoder)");
+        }
+        ComponentSpec comp;
+        comp.where = at(path, c.second);
+        if (c.second.IsScalar()) {
+          comp.plugin = c.second.Scalar();  // shorthand: `attention: gqa`
+        } else if (c.second.IsMap()) {
+          if (!c.second["plugin"]) throw Error(comp.where + ": components." + kind_text + " needs 'plugin:'");
+          for (const auto& p : c.second) {
+            const std::string pk = p.first.as<std::string>();
+            if (pk == "plugin") {
+              comp.plugin = p.second.as<std::string>();
+            } else {
+              comp.params[pk] = to_json(p.second);
+              comp.param_where[pk] = at(path, p.first);
+            }
+          }
+        } else {
+          throw Error(comp.where + ": components." + kind_text + " must be a map with 'plugin:'");
+        }
+        merge_component(spec.components[kind], std::move(comp));
+      }
+    } else {
+      throw Error(at(path, kv.first) + ": unknown key '" + key +
+                  "' (a pipeline has model, backend, extends, components)");
+    }
+  }
+  chain.erase(canon);
+  return spec;
+}
+
+}  // namespace
+
+PipelineSpec default_pipeline_spec() {
+  PipelineSpec spec;
+  for (ComponentKind k : kComponentKinds) {
+    ComponentSpec c;
+    c.plugin = default_plugin(k);
+    c.where = "(default)";
+    spec.components[k] = c;
+  }
+  return spec;
+}
+
+PipelineSpec load_pipeline_spec(const std::string& path) {
+  std::set<std::string> chain;
+  return load_file(path, chain);
+}
+
+void validate_pipeline_spec(const PipelineSpec& spec, const Registry& registry) {
+  for (const auto& [kind, comp] : spec.components) {
+    const PluginEntry* entry = registry.find(kind, comp.plugin);
+    if (entry == nullptr) {
+      try {
+        registry.require(kind, comp.plugin);
+      } catch (const Error& e) {
+        throw Error(comp.where + ": " + e.what());
+      }
+    }
+    // Each key is checked on its own first so the error points at its line.
+    for (const auto& [key, value] : comp.params.items()) {
+      auto w = comp.param_where.find(key);
+      const std::string where =
+          (w != comp.param_where.end() ? w->second : comp.where) + ": " + std::string(kind_name(kind)) + " " + comp.plugin;
+      bool declared = false;
+      for (const auto& ps : entry->params) {
+        if (ps.name == key) {
+          declared = true;
+          validate_params({ps}, nlohmann::json{{key, value}}, where);
+        }
+      }
+      if (!declared) validate_params(entry->params, nlohmann::json{{key, value}}, where);
+    }
+    validate_params(entry->params, comp.params, comp.where + ": " + std::string(kind_name(kind)) + " " + comp.plugin);
+  }
+}
+
+}  // namespace tessera

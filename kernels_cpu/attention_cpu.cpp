@@ -1,0 +1,105 @@
+// Causal attention over paged KV for a ragged batch, flash-style: one pass over the keys with an
+// online softmax, no score matrix. Each key/value row is read once per query for its whole GQA group.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels_cpu.h"
+#include "tessera/error.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+struct Task {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t q_begin;
+  int64_t q_end;
+};
+
+constexpr int64_t kMaxGroup = 64;
+constexpr int64_t kMaxHeadDim = 512;
+
+void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t) {
+  const AttentionSeqDesc& s = a.seqs[t.seq];
+  const int64_t hd = kv.head_dim;
+  const int64_t group = a.n_heads / kv.n_kv_heads;
+  const int64_t q_stride = a.n_heads * hd;
+  const int64_t kv_stride = kv.token_stride();
+  const int32_t* table = a.block_tables + s.block_table_offset;
+  const auto* kbase = static_cast<const float*>(kv.k);
+  const auto* vbase = static_cast<const float*>(kv.v);
+  const int64_t first_pos = s.context_len - s.q_len;
+
+  float m[kMaxGroup], l[kMaxGroup];
+  float acc[kMaxGroup * kMaxHeadDim];
+  for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
+    const int64_t pos = first_pos + qi;
+    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0f;
+      std::fill(acc + g * hd, acc + (g + 1) * hd, 0.0f);
+    }
+    for (int64_t key = lo; key <= pos; ++key) {
+      const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
+      const float* kr = kbase + slot * kv_stride + t.kv_head * hd;
+      const float* vr = vbase + slot * kv_stride + t.kv_head * hd;
+      for (int64_t g = 0; g < group; ++g) {
+        const float score = dot_f32(q + g * hd, kr, hd) * a.scale;
+        float* ag = acc + g * hd;
+        if (score > m[g]) {
+          const float correction = std::exp(m[g] - score);
+          l[g] = l[g] * correction + 1.0f;
+          for (int64_t d = 0; d < hd; ++d) ag[d] = ag[d] * correction + vr[d];
+          m[g] = score;
+        } else {
+          const float p = std::exp(score - m[g]);
+          l[g] += p;
+          for (int64_t d = 0; d < hd; ++d) ag[d] += p * vr[d];
+        }
+      }
+    }
+    float* out = a.out + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
+    for (int64_t g = 0; g < group; ++g) {
+      const float inv = 1.0f / l[g];
+      for (int64_t d = 0; d < hd; ++d) out[g * hd + d] = acc[g * hd + d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, const KvLayerView& kv) {
+  if (kv.dtype != DType::F32) {
+    throw Error("cpu attention supports an f32 cache, not " + std::string(dtype_name(kv.dtype)));
+  }
+  if (a.n_heads % kv.n_kv_heads != 0 || a.n_heads / kv.n_kv_heads > kMaxGroup || kv.head_dim > kMaxHeadDim) {
+    throw Error("cpu attention: unsupported head layout (" + std::to_string(a.n_heads) + " heads, " +
+                std::to_string(kv.n_kv_heads) + " kv heads, head size " + std::to_string(kv.head_dim) + ")");
+  }
+  // Split work into (sequence, kv head, query chunk) tasks of similar size.
+  thread_local std::vector<Task> tasks;
+  tasks.clear();
+  int64_t work = 0;
+  const int threads = omp_get_max_threads();
+  for (int64_t si = 0; si < a.n_seqs; ++si) {
+    const AttentionSeqDesc& s = a.seqs[si];
+    const int64_t chunk = std::max<int64_t>(1, (s.q_len + threads - 1) / threads);
+    for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
+      for (int64_t q0 = 0; q0 < s.q_len; q0 += chunk) tasks.push_back({si, h, q0, std::min<int64_t>(s.q_len, q0 + chunk)});
+    }
+    work += int64_t(s.q_len) * s.context_len * a.n_heads * kv.head_dim;
+  }
+  const auto n = static_cast<int64_t>(tasks.size());
+  const std::vector<Task>& list = tasks;
+#pragma omp parallel for schedule(dynamic, 1) if (work > kParallelWork)
+  for (int64_t i = 0; i < n; ++i) run_task(a, kv, list[size_t(i)]);
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,112 @@
+// The CPU backend: host memory and the reference implementation of every op.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "kernels_cpu.h"
+#include "tessera/error.h"
+#include "tessera/plugin.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "cpu";
+}
+
+size_t total_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const Params& params) {
+    const int64_t threads = params.get_int("threads");
+    if (threads > 0) set_threads(static_cast<int>(threads));
+  }
+
+  std::string_view name() const override { return "cpu"; }
+  std::vector<DeviceInfo> devices() const override {
+    return {DeviceInfo{0, cpu_model_name() + (has_avx2() ? " (avx2)" : " (no avx2)"), total_memory()}};
+  }
+  bool supports(Op op, DType dtype) const override {
+    switch (op) {
+      case Op::gemm: return gemm_supports(dtype);
+      case Op::embedding: return gemm_supports(dtype);
+      case Op::kv_write:
+      case Op::attention: return dtype == DType::F32;
+      default: return dtype == DType::F32;
+    }
+  }
+  void set_threads(int threads) override { omp_set_num_threads(threads); }
+
+  void* allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) throw Error("cpu backend: out of memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void deallocate(void* ptr) noexcept override { std::free(ptr); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_on_device(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void synchronize() override {}
+
+  void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
+    cpu::embedding(table, ids, n, out);
+  }
+  void gemm(const float* x, int64_t m, const WeightView& w, float* y) override { cpu::gemm(x, m, w, y); }
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
+    cpu::rms_norm(x, weight, out, rows, dim, eps);
+  }
+  void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+            int64_t rope_dim, float theta, RopeStyle style) override {
+    cpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, style);
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
+    cpu::silu_mul(gate, up, out, n);
+  }
+  void add(const float* a, const float* b, float* out, int64_t n) override { cpu::add(a, b, out, n); }
+  void softmax(float* x, int64_t rows, int64_t cols) override { cpu::softmax(x, rows, cols); }
+  void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows) override {
+    cpu::kv_write(kv, k, v, slots, rows);
+  }
+  void attention(const AttentionArgs& args, const KvLayerView& kv) override { cpu::attention(args, kv); }
+  void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
+    cpu::argmax(logits, rows, cols, out);
+  }
+};
+
+void register_cpu(Registrar& r) {
+  r.add<Backend>("cpu", "Host CPU: the reference implementation of every op (AVX2 + OpenMP)",
+                 {{"threads", ParamType::integer, 0, "worker threads; 0 = OpenMP default (all cores)", {}}},
+                 [](const Params& p) { return std::make_unique<CpuBackend>(p); });
+}
+
+}  // namespace
+
+}  // namespace tessera::cpu
+
+TESSERA_PLUGIN("kernels_cpu", tessera::cpu::register_cpu)

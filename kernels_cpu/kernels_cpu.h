@@ -1,0 +1,33 @@
+// CPU kernels, one op per file. Internal to the CPU backend library; compiled as C++17.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/backend.h"
+
+namespace tessera::cpu {
+
+// Work (in multiply-adds) below which an op runs on the calling thread: forking a team for a
+// 64-wide model costs more than the op.
+inline constexpr int64_t kParallelWork = 1 << 15;
+
+bool has_avx2();
+
+void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);
+void gemm(const float* x, int64_t m, const WeightView& w, float* y);
+bool gemm_supports(DType dtype);
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+          int64_t rope_dim, float theta, RopeStyle style);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void add(const float* a, const float* b, float* out, int64_t n);
+void softmax(float* x, int64_t rows, int64_t cols);
+void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows);
+void attention(const AttentionArgs& args, const KvLayerView& kv);
+void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out);
+
+// Dot product of two float vectors (AVX2+FMA when the CPU has it).
+float dot_f32(const float* a, const float* b, int64_t n);
+
+}  // namespace tessera::cpu
