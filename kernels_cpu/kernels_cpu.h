@@ -8,9 +8,10 @@
 
 namespace tessera::cpu {
 
-// Work (in multiply-adds) below which an op runs on the calling thread: forking a team for a
-// 64-wide model costs more than the op.
-inline constexpr int64_t kParallelWork = 1 << 15;
+// Work (in multiply-adds, ~0.1 ms on one core) below which an op runs on the calling thread.
+// Forking a team costs microseconds on an idle machine but a whole scheduler time slice when the
+// cores are shared, so small ops never fork.
+inline constexpr int64_t kParallelWork = int64_t(1) << 20;
 
 bool has_avx2();
 

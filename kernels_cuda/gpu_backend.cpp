@@ -181,7 +181,7 @@ std::unique_ptr<Backend> create_backend(const Params& params) {
 
 void register_gpu(Registrar& r) {
   r.add<Backend>(kBackend, kDoc,
-                 {{"device", ParamType::integer, 0, "device index, as listed by `tessera plugins`", {}}},
+                 {{"device", ParamType::integer, 0, "device index (0 = the first GPU the runtime reports)", {}}},
                  [](const Params& p) { return create_backend(p); });
 }
 

@@ -70,7 +70,7 @@ std::string show(const nlohmann::json& v) { return v.dump(); }
 
 nlohmann::json coerce(const ParamSpec& spec, const nlohmann::json& v, const std::string& where) {
   auto fail = [&]() -> nlohmann::json {
-    throw Error(where + ": parameter '" + spec.name + "' must be a " +
+    throw Error(where + ": parameter '" + spec.name + "' has the wrong type: expected " +
                 std::string(param_type_name(spec.type)) + ", got " + show(v));
   };
   switch (spec.type) {

@@ -11,6 +11,7 @@
 #include "tessera/cache.h"
 #include "tessera/component.h"
 #include "tessera/decoder.h"
+#include "tessera/error.h"
 #include "tessera/params.h"
 #include "tessera/quantizer.h"
 #include "tessera/scheduler.h"

@@ -1,0 +1,671 @@
+// Backend conformance: every backend the loader finds runs every op it claims in supports() against
+// a naive reference written here (plain loops, double accumulation) on seeded random data with odd
+// sizes. Outputs are NaN-poisoned before each run and followed by a poisoned guard region, so an
+// output the kernel skipped or a write past the end fails. A backend without a device on this
+// machine (cuda/hip) is skipped with its refusal; the cpu backend always runs and must claim every op.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "conformance/conformance_util.h"
+#include "tessera/error.h"
+
+namespace tessera {
+namespace {
+
+using namespace conformance;
+
+constexpr size_t kGuard = 16;  // poisoned floats after every output
+
+// ---- weight encoding (test-side, so the reference never trusts the code under test) ------------
+
+void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// ggml's reference quantizers: q8_0 scales a block of 32 by amax/127; q4_0 maps the signed value of
+// largest magnitude to -8 and stores x/d + 8 in nibbles (element j low, element j+16 high).
+std::vector<uint8_t> encode(DType t, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  const size_t row_bytes = dtype_row_bytes(t, cols);
+  std::vector<uint8_t> out(row_bytes * size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = w.data() + r * cols;
+    uint8_t* dst = out.data() + size_t(r) * row_bytes;
+    switch (t) {
+      case DType::F32: std::memcpy(dst, src, row_bytes); break;
+      case DType::F16:
+        for (int64_t i = 0; i < cols; ++i) put_u16(dst + 2 * i, f32_to_fp16(src[i]));
+        break;
+      case DType::BF16:
+        for (int64_t i = 0; i < cols; ++i) put_u16(dst + 2 * i, f32_to_bf16(src[i]));
+        break;
+      case DType::Q8_0:
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const float* x = src + b * 32;
+          uint8_t* blk = dst + b * 34;
+          float amax = 0;
+          for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
+          const float d = amax / 127.0f;
+          const float id = d != 0 ? 1.0f / d : 0.0f;
+          put_u16(blk, f32_to_fp16(d));
+          for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * id)));
+        }
+        break;
+      case DType::Q4_0:
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const float* x = src + b * 32;
+          uint8_t* blk = dst + b * 18;
+          float max = 0, amax = 0;
+          for (int i = 0; i < 32; ++i) {
+            if (std::abs(x[i]) > amax) {
+              amax = std::abs(x[i]);
+              max = x[i];
+            }
+          }
+          const float d = max / -8.0f;
+          const float id = d != 0 ? 1.0f / d : 0.0f;
+          put_u16(blk, f32_to_fp16(d));
+          for (int i = 0; i < 16; ++i) {
+            const int lo = std::min(15, int(x[i] * id + 8.5f));
+            const int hi = std::min(15, int(x[i + 16] * id + 8.5f));
+            blk[2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+        break;
+      default: throw Error("test cannot encode " + std::string(dtype_name(t)));
+    }
+  }
+  return out;
+}
+
+std::vector<float> dequantize(DType t, const std::vector<uint8_t>& data, int64_t rows, int64_t cols) {
+  std::vector<float> out(size_t(rows * cols));
+  const size_t row_bytes = dtype_row_bytes(t, cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(t, data.data() + size_t(r) * row_bytes, out.data() + r * cols, cols);
+  return out;
+}
+
+// ---- fixture ------------------------------------------------------------------------------------
+
+class BackendConformance : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    try {
+      backend_ = create_default<Backend>(GetParam());
+    } catch (const Error& e) {
+      if (GetParam() == "cpu") FAIL() << "the cpu backend must always be creatable: " << e.what();
+      GTEST_SKIP() << "backend '" << GetParam() << "' cannot be created here: " << e.what();
+    }
+  }
+
+  Backend& b() { return *backend_; }
+  bool is_cpu() const { return GetParam() == "cpu"; }
+
+  // Whether to run (op, dtype). The cpu backend is the reference and must implement every op the
+  // design lists, so there a missing claim is a failure rather than a skip.
+  bool claims(Op op, DType t) {
+    const bool s = backend_->supports(op, t);
+    if (!s && is_cpu()) ADD_FAILURE() << "cpu backend must support " << op_name(op) << " on " << dtype_name(t);
+    return s;
+  }
+
+  // A poisoned output of n floats plus a poisoned guard after it.
+  DeviceBuffer output(size_t n) { return poisoned_floats(b(), n + kGuard); }
+  // Reads n floats and checks that the guard after them is untouched.
+  std::vector<float> read_output(const DeviceBuffer& buf, size_t n) {
+    std::vector<float> all = download<float>(b(), buf.get(), n + kGuard);
+    EXPECT_TRUE(all_nan(std::span<const float>(all).subspan(n))) << "the kernel wrote past its output";
+    all.resize(n);
+    return all;
+  }
+
+  std::shared_ptr<Backend> backend_;
+};
+
+TEST(BackendPlugins, EveryLibraryInThePluginDirectoryLoads) { EXPECT_EQ(load_failures(), ""); }
+
+TEST(BackendPlugins, AtLeastTheCpuBackendIsLoaded) {
+  const auto names = plugin_names(ComponentKind::backend);
+  ASSERT_FALSE(names.empty()) << "no backend plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cpu"), names.end());
+}
+
+TEST_P(BackendConformance, DescribesItself) {
+  EXPECT_EQ(b().name(), GetParam());
+  const auto devices = b().devices();
+  ASSERT_FALSE(devices.empty());
+  EXPECT_FALSE(devices[0].name.empty());
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+TEST_P(BackendConformance, MemoryRoundTripsCopiesAndZeroes) {
+  for (size_t bytes : {size_t(1), size_t(3), size_t(64), size_t(4097)}) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes");
+    std::vector<uint8_t> host(bytes);
+    const auto r = random_ints(bytes, 11 + bytes, 0, 255);
+    for (size_t i = 0; i < bytes; ++i) host[i] = uint8_t(r[i]);
+
+    DeviceBuffer a(b(), bytes), c(b(), bytes);
+    b().copy_to_device(a.get(), host.data(), bytes);
+    EXPECT_EQ(download<uint8_t>(b(), a.get(), bytes), host);
+
+    b().copy_on_device(c.get(), a.get(), bytes);
+    b().synchronize();
+    EXPECT_EQ(download<uint8_t>(b(), c.get(), bytes), host);
+
+    // Zeroing a sub-range leaves the bytes around it alone.
+    if (bytes >= 3) {
+      b().fill_zero(static_cast<uint8_t*>(c.get()) + 1, bytes - 2);
+      std::vector<uint8_t> want = host;
+      std::fill(want.begin() + 1, want.end() - 1, 0);
+      EXPECT_EQ(download<uint8_t>(b(), c.get(), bytes), want);
+      // Copy into an offset: the rest of the destination keeps its contents.
+      b().copy_on_device(static_cast<uint8_t*>(c.get()) + 1, a.get(), bytes - 2);
+      std::copy(host.begin(), host.end() - 2, want.begin() + 1);
+      EXPECT_EQ(download<uint8_t>(b(), c.get(), bytes), want);
+    }
+    b().fill_zero(a.get(), bytes);
+    EXPECT_EQ(download<uint8_t>(b(), a.get(), bytes), std::vector<uint8_t>(bytes, 0));
+  }
+}
+
+// ---- gemm -----------------------------------------------------------------------------------------
+
+// Error allowed per output, relative to sum_i |x_i * w_i| (so cancellation cannot make a correct
+// kernel fail). f32: float accumulation over <= 160 terms (k * 2^-24 ~ 1e-5). f16/bf16: a device
+// may round the activations to the weight type (2^-11, 2^-8 per product). q8_0/q4_0: a device may
+// quantize activations to 8 bits per block of 32, as ggml does (step amax/127, so <~1%).
+double gemm_tolerance(DType t) {
+  switch (t) {
+    case DType::F32: return 1e-5;
+    case DType::F16: return 1.5e-3;
+    case DType::BF16: return 1e-2;
+    default: return 2e-2;
+  }
+}
+
+struct GemmShape {
+  int64_t m, n, k;
+};
+
+TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
+  // Float types take any k (odd ones too); block types need whole blocks of 32.
+  const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}};
+  const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}};
+  int ran = 0;
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    if (!claims(Op::gemm, t)) continue;
+    for (const GemmShape& s : dtype_is_float(t) ? float_shapes : block_shapes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                   " k=" + std::to_string(s.k));
+      const uint64_t seed = 1000 * uint64_t(t) + uint64_t(s.m * 31 + s.n * 7 + s.k);
+      const auto w = random_floats(size_t(s.n * s.k), seed);
+      const auto x = random_floats(size_t(s.m * s.k), seed + 1);
+      const auto packed = encode(t, w, s.n, s.k);
+      const auto wd = dequantize(t, packed, s.n, s.k);  // what the kernel is meant to multiply by
+
+      std::vector<double> want(size_t(s.m * s.n)), mag(want.size());
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double acc = 0, abs_acc = 0;
+          for (int64_t p = 0; p < s.k; ++p) {
+            const double prod = double(x[size_t(i * s.k + p)]) * double(wd[size_t(j * s.k + p)]);
+            acc += prod;
+            abs_acc += std::abs(prod);
+          }
+          want[size_t(i * s.n + j)] = acc;
+          mag[size_t(i * s.n + j)] = abs_acc;
+        }
+      }
+
+      DeviceBuffer wbuf = upload(b(), packed), xbuf = upload(b(), x);
+      DeviceBuffer ybuf = output(want.size());
+      WeightView view{wbuf.get(), t, s.n, s.k};
+      b().gemm(xbuf.as<float>(), s.m, view, ybuf.as<float>());
+      b().synchronize();
+      const auto y = read_output(ybuf, want.size());
+      const double tol = gemm_tolerance(t);
+      EXPECT_TRUE(all_close(y, want, [&](size_t i) { return tol * mag[i] + 1e-30; }));
+      ++ran;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "backend claims no gemm weight type";
+}
+
+// ---- embedding ------------------------------------------------------------------------------------
+
+TEST_P(BackendConformance, EmbeddingGathersDequantizedRows) {
+  const int64_t vocab = 37;
+  const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1};
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    if (!claims(Op::embedding, t)) continue;
+    const int64_t dim = dtype_is_float(t) ? 33 : 64;
+    SCOPED_TRACE(std::string(dtype_name(t)) + " dim=" + std::to_string(dim));
+    const auto table = encode(t, random_floats(size_t(vocab * dim), 77 + uint64_t(t), -3, 3), vocab, dim);
+    const auto rows = dequantize(t, table, vocab, dim);
+    std::vector<double> want;
+    for (int32_t id : ids) {
+      for (int64_t d = 0; d < dim; ++d) want.push_back(rows[size_t(id * dim + d)]);
+    }
+    DeviceBuffer tbuf = upload(b(), table), ibuf = upload(b(), ids), obuf = output(want.size());
+    b().embedding(WeightView{tbuf.get(), t, vocab, dim}, ibuf.as<int32_t>(), int64_t(ids.size()), obuf.as<float>());
+    b().synchronize();
+    // Dequantizing is exact in float (fp16 scale times a small integer), so only rounding noise.
+    EXPECT_TRUE(all_close(read_output(obuf, want.size()), want,
+                          [&](size_t i) { return 1e-6 * std::abs(want[i]); }));
+  }
+}
+
+// ---- elementwise and row ops ----------------------------------------------------------------------
+
+TEST_P(BackendConformance, RmsNormMatchesReferenceAlsoInPlace) {
+  if (!claims(Op::rms_norm, DType::F32)) GTEST_SKIP() << "rms_norm not supported";
+  const float eps = 1e-5f;
+  for (int64_t dim : {37, 65, 256}) {
+    const int64_t rows = 3;
+    const auto x = random_floats(size_t(rows * dim), 200 + uint64_t(dim), -2, 2);
+    const auto w = random_floats(size_t(dim), 300 + uint64_t(dim), 0.5f, 1.5f);
+    std::vector<double> want(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < dim; ++i) ss += double(x[size_t(r * dim + i)]) * x[size_t(r * dim + i)];
+      const double scale = 1.0 / std::sqrt(ss / double(dim) + eps);
+      for (int64_t i = 0; i < dim; ++i) want[size_t(r * dim + i)] = x[size_t(r * dim + i)] * scale * w[size_t(i)];
+    }
+    auto bound = [&](size_t i) { return 2e-5 * std::abs(want[i]) + 1e-6; };
+    DeviceBuffer xbuf = upload(b(), x, kGuard), wbuf = upload(b(), w);
+    poison(b(), xbuf.as<float>() + x.size(), kGuard);
+    {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", separate output");
+      DeviceBuffer obuf = output(x.size());
+      b().rms_norm(xbuf.as<float>(), wbuf.as<float>(), obuf.as<float>(), rows, dim, eps);
+      b().synchronize();
+      EXPECT_TRUE(all_close(read_output(obuf, x.size()), want, bound));
+      EXPECT_EQ(download<float>(b(), xbuf.get(), x.size()), x) << "input changed";
+    }
+    {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", in place (out == x)");
+      b().rms_norm(xbuf.as<float>(), wbuf.as<float>(), xbuf.as<float>(), rows, dim, eps);
+      b().synchronize();
+      EXPECT_TRUE(all_close(read_output(xbuf, x.size()), want, bound));
+    }
+  }
+}
+
+TEST_P(BackendConformance, RopeRotatesPairsAndLeavesPositionZeroUnchanged) {
+  if (!claims(Op::rope, DType::F32)) GTEST_SKIP() << "rope not supported";
+  const std::vector<int32_t> positions = {0, 1, 7, 100, 511, 0};
+  const int64_t rows = int64_t(positions.size()), n_heads = 3;
+  const float theta = 10000.0f;
+  for (RopeStyle style : {RopeStyle::adjacent, RopeStyle::neox}) {
+    for (int64_t head_dim : {8, 64}) {
+      for (int64_t rope_dim : {head_dim, head_dim / 2}) {  // partial rotary leaves the tail alone
+        SCOPED_TRACE(std::string(style == RopeStyle::adjacent ? "adjacent" : "neox") + " head_dim " +
+                     std::to_string(head_dim) + " rope_dim " + std::to_string(rope_dim));
+        const auto x = random_floats(size_t(rows * n_heads * head_dim), 400 + uint64_t(head_dim + rope_dim));
+        std::vector<double> want(x.begin(), x.end());
+        const int64_t half = rope_dim / 2;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t h = 0; h < n_heads; ++h) {
+            const size_t base = size_t((r * n_heads + h) * head_dim);
+            for (int64_t i = 0; i < half; ++i) {
+              const double angle = positions[size_t(r)] * std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
+              const size_t i0 = base + size_t(style == RopeStyle::adjacent ? 2 * i : i);
+              const size_t i1 = base + size_t(style == RopeStyle::adjacent ? 2 * i + 1 : i + half);
+              want[i0] = x[i0] * std::cos(angle) - x[i1] * std::sin(angle);
+              want[i1] = x[i0] * std::sin(angle) + x[i1] * std::cos(angle);
+            }
+          }
+        }
+        DeviceBuffer xbuf = upload(b(), x, kGuard), pbuf = upload(b(), positions);
+        poison(b(), xbuf.as<float>() + x.size(), kGuard);
+        b().rope(xbuf.as<float>(), pbuf.as<int32_t>(), rows, n_heads, head_dim, rope_dim, theta, style);
+        b().synchronize();
+        const auto got = read_output(xbuf, x.size());
+        // Angles up to 511 rad computed in float are good to ~3e-5.
+        EXPECT_TRUE(all_close(got, want, [](size_t) { return 1e-4; }));
+        const size_t row = size_t(n_heads * head_dim);
+        for (size_t r : {size_t(0), size_t(5)}) {  // position 0: rotation by zero is exact
+          EXPECT_TRUE(std::equal(x.begin() + r * row, x.begin() + (r + 1) * row, got.begin() + r * row))
+              << "row " << r << " at position 0 changed";
+        }
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (int64_t(i) % head_dim >= rope_dim && got[i] != x[i]) {
+            ADD_FAILURE() << "element " << i << " beyond rope_dim changed";
+            break;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformance, SiluMulMatchesReferenceAlsoInPlace) {
+  if (!claims(Op::silu_mul, DType::F32)) GTEST_SKIP() << "silu_mul not supported";
+  const size_t n = 1001;
+  const auto gate = random_floats(n, 500, -10, 10);
+  const auto up = random_floats(n, 501, -2, 2);
+  std::vector<double> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = double(gate[i]) / (1.0 + std::exp(-double(gate[i]))) * up[i];
+  auto bound = [&](size_t i) { return 1e-5 * std::abs(want[i]) + 1e-7; };
+  DeviceBuffer gbuf = upload(b(), gate, kGuard), ubuf = upload(b(), up), obuf = output(n);
+  poison(b(), gbuf.as<float>() + n, kGuard);
+  b().silu_mul(gbuf.as<float>(), ubuf.as<float>(), obuf.as<float>(), int64_t(n));
+  b().synchronize();
+  EXPECT_TRUE(all_close(read_output(obuf, n), want, bound));
+  // The model runs it in place on the gate (silu_mul(hb, hb2, hb)).
+  b().silu_mul(gbuf.as<float>(), ubuf.as<float>(), gbuf.as<float>(), int64_t(n));
+  b().synchronize();
+  EXPECT_TRUE(all_close(read_output(gbuf, n), want, bound)) << "in place";
+}
+
+TEST_P(BackendConformance, AddIsExactAlsoInPlace) {
+  if (!claims(Op::add, DType::F32)) GTEST_SKIP() << "add not supported";
+  const size_t n = 1001;
+  const auto a = random_floats(n, 600, -100, 100), c = random_floats(n, 601, -1, 1);
+  std::vector<float> sum(n);
+  for (size_t i = 0; i < n; ++i) sum[i] = a[i] + c[i];  // one IEEE rounding: every device agrees
+  DeviceBuffer abuf = upload(b(), a, kGuard), cbuf = upload(b(), c), obuf = output(n);
+  poison(b(), abuf.as<float>() + n, kGuard);
+  b().add(abuf.as<float>(), cbuf.as<float>(), obuf.as<float>(), int64_t(n));
+  b().synchronize();
+  EXPECT_EQ(read_output(obuf, n), sum);
+  // The residual stream is updated in place: add(x, y, x).
+  b().add(abuf.as<float>(), cbuf.as<float>(), abuf.as<float>(), int64_t(n));
+  b().synchronize();
+  EXPECT_EQ(read_output(abuf, n), sum) << "in place";
+}
+
+TEST_P(BackendConformance, SoftmaxIsStableAndNormalised) {
+  if (!claims(Op::softmax, DType::F32)) GTEST_SKIP() << "softmax not supported";
+  for (int64_t cols : {1, 7, 1001}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const int64_t rows = 4;
+    std::vector<float> x;
+    const auto r0 = random_floats(size_t(cols), 700, -5, 5);
+    const auto r1 = random_floats(size_t(cols), 701, 80, 100);     // exp overflows without the max shift
+    const auto r2 = random_floats(size_t(cols), 702, -100, -80);   // and underflows to 0/0
+    x.insert(x.end(), r0.begin(), r0.end());
+    x.insert(x.end(), r1.begin(), r1.end());
+    x.insert(x.end(), r2.begin(), r2.end());
+    x.insert(x.end(), size_t(cols), 3.0f);  // uniform
+    std::vector<double> want(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x.data() + r * cols;
+      const double mx = *std::max_element(v, v + cols);
+      double sum = 0;
+      for (int64_t i = 0; i < cols; ++i) sum += std::exp(v[i] - mx);
+      for (int64_t i = 0; i < cols; ++i) want[size_t(r * cols + i)] = std::exp(v[i] - mx) / sum;
+    }
+    DeviceBuffer xbuf = upload(b(), x, kGuard);
+    poison(b(), xbuf.as<float>() + x.size(), kGuard);
+    b().softmax(xbuf.as<float>(), rows, cols);
+    b().synchronize();
+    EXPECT_TRUE(all_close(read_output(xbuf, x.size()), want, [&](size_t i) { return 1e-5 * want[i] + 1e-7; }));
+  }
+}
+
+TEST_P(BackendConformance, ArgmaxPicksTheFirstMaximum) {
+  if (!claims(Op::argmax, DType::F32)) GTEST_SKIP() << "argmax not supported";
+  const int64_t cols = 1003;
+  std::vector<float> x;
+  std::vector<int32_t> want;
+  auto row = [&](std::vector<float> v, int32_t expect) {
+    x.insert(x.end(), v.begin(), v.end());
+    want.push_back(expect);
+  };
+  auto tie = random_floats(size_t(cols), 800, -1, 1);
+  tie[3] = tie[900] = 5.0f;
+  row(tie, 3);
+  row(std::vector<float>(size_t(cols), 0.25f), 0);  // all equal: the first
+  auto last = random_floats(size_t(cols), 801, -1, 1);
+  last[size_t(cols - 1)] = 2.0f;
+  row(last, int32_t(cols - 1));
+  auto neg = random_floats(size_t(cols), 802, -90, -10);
+  neg[517] = -1.0f;
+  row(neg, 517);
+  auto with_inf = random_floats(size_t(cols), 803, -1, 1);
+  with_inf[0] = -INFINITY;
+  with_inf[42] = 7.0f;
+  with_inf[43] = 7.0f;
+  row(with_inf, 42);
+  const int64_t rows = int64_t(want.size());
+  DeviceBuffer xbuf = upload(b(), x);
+  DeviceBuffer obuf = upload(b(), std::vector<int32_t>(size_t(rows + 4), -7));
+  b().argmax(xbuf.as<float>(), rows, cols, obuf.as<int32_t>());
+  b().synchronize();
+  auto got = download<int32_t>(b(), obuf.get(), size_t(rows + 4));
+  EXPECT_EQ(std::vector<int32_t>(got.begin() + rows, got.end()), std::vector<int32_t>(4, -7)) << "wrote past rows";
+  got.resize(size_t(rows));
+  EXPECT_EQ(got, want);
+}
+
+// ---- kv_write + paged attention -------------------------------------------------------------------
+
+size_t elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// The value a cache of type t stores for x (round to nearest even, as every device converts).
+float through_cache(DType t, float x) {
+  switch (t) {
+    case DType::F16: return fp16_to_f32(f32_to_fp16(x));
+    case DType::BF16: return bf16_to_f32(f32_to_bf16(x));
+    default: return x;
+  }
+}
+
+std::vector<float> read_cache(Backend& b, const void* pool, DType t, size_t n) {
+  std::vector<float> out(n);
+  if (t == DType::F32) return download<float>(b, pool, n);
+  const auto raw = download<uint16_t>(b, pool, n);
+  for (size_t i = 0; i < n; ++i) out[i] = t == DType::F16 ? fp16_to_f32(raw[i]) : bf16_to_f32(raw[i]);
+  return out;
+}
+
+struct AttnCase {
+  int64_t n_kv_heads, head_dim, window, block_size;
+};
+
+// One ragged step: (q_len, context_len) per sequence — a fresh prefill, two decodes (one at the very
+// first position) and a prefill chunk continuing a cached prefix.
+struct SeqShape {
+  int32_t q_len, context_len;
+};
+const std::vector<SeqShape> kSeqs = {{9, 9}, {1, 23}, {5, 40}, {1, 1}};
+
+void run_attention_case(Backend& b, DType kv_dtype, const AttnCase& c, uint64_t seed) {
+  const int64_t n_heads = 8, hd = c.head_dim, nkv = c.n_kv_heads, bs = c.block_size;
+  const int64_t kv_row = nkv * hd, q_row = n_heads * hd;
+  std::mt19937_64 rng(seed);
+
+  // Shuffled block tables over a pool with spare blocks that nobody uses (they stay poisoned).
+  int64_t needed = 0;
+  for (const SeqShape& s : kSeqs) needed += (s.context_len + bs - 1) / bs;
+  const int64_t num_blocks = needed + 3;
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  std::vector<AttentionSeqDesc> descs;
+  std::vector<int32_t> tables;
+  std::vector<std::vector<float>> k_all, v_all;  // per sequence [context][kv_row]
+  std::vector<float> q, k_step, v_step;
+  std::vector<int32_t> step_slots, hist_slots;
+  std::vector<float> k_hist, v_hist;
+  int32_t q_start = 0, max_q = 0, max_ctx = 0;
+  size_t next_block = 0;
+  for (size_t si = 0; si < kSeqs.size(); ++si) {
+    const SeqShape& s = kSeqs[si];
+    AttentionSeqDesc d{q_start, s.q_len, s.context_len, int32_t(tables.size())};
+    descs.push_back(d);
+    std::vector<int32_t> table;
+    for (int64_t blk = 0; blk < (s.context_len + bs - 1) / bs; ++blk) table.push_back(ids[next_block++]);
+    tables.insert(tables.end(), table.begin(), table.end());
+    k_all.push_back(random_floats(size_t(s.context_len * kv_row), seed * 10 + si));
+    v_all.push_back(random_floats(size_t(s.context_len * kv_row), seed * 10 + si + 5));
+    const auto qs = random_floats(size_t(s.q_len * q_row), seed * 10 + si + 7);
+    q.insert(q.end(), qs.begin(), qs.end());
+    for (int32_t t = 0; t < s.context_len; ++t) {
+      const int32_t slot = int32_t(table[size_t(t / bs)] * bs + t % bs);
+      const bool in_step = t >= s.context_len - s.q_len;
+      auto& ks = in_step ? k_step : k_hist;
+      auto& vs = in_step ? v_step : v_hist;
+      ks.insert(ks.end(), k_all[si].begin() + t * kv_row, k_all[si].begin() + (t + 1) * kv_row);
+      vs.insert(vs.end(), v_all[si].begin() + t * kv_row, v_all[si].begin() + (t + 1) * kv_row);
+      (in_step ? step_slots : hist_slots).push_back(slot);
+    }
+    q_start += s.q_len;
+    max_q = std::max(max_q, s.q_len);
+    max_ctx = std::max(max_ctx, s.context_len);
+  }
+  const int64_t n_tokens = q_start;
+
+  // The pool is poisoned with 0xFF bytes (NaN in f32, f16 and bf16): attention must never read a
+  // slot outside a sequence's context, and kv_write must touch only the slots it is given.
+  const size_t pool_elems = size_t(num_blocks * bs * kv_row);
+  const std::vector<uint8_t> ff(pool_elems * elem_bytes(kv_dtype), 0xFF);
+  DeviceBuffer kpool = upload(b, ff), vpool = upload(b, ff);
+  KvLayerView kv{kpool.get(), vpool.get(), kv_dtype, num_blocks, bs, nkv, hd};
+
+  // History first (as earlier steps would have written it, rows in shuffled order), then this step.
+  {
+    std::vector<size_t> order(hist_slots.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int32_t> slots;
+    std::vector<float> ks, vs;
+    for (size_t i : order) {
+      slots.push_back(hist_slots[i]);
+      ks.insert(ks.end(), k_hist.begin() + long(i) * kv_row, k_hist.begin() + long(i + 1) * kv_row);
+      vs.insert(vs.end(), v_hist.begin() + long(i) * kv_row, v_hist.begin() + long(i + 1) * kv_row);
+    }
+    DeviceBuffer sb = upload(b, slots), kb = upload(b, ks), vb = upload(b, vs);
+    b.kv_write(kv, kb.as<float>(), vb.as<float>(), sb.as<int32_t>(), int64_t(slots.size()));
+  }
+  DeviceBuffer sb = upload(b, step_slots), kb = upload(b, k_step), vb = upload(b, v_step);
+  b.kv_write(kv, kb.as<float>(), vb.as<float>(), sb.as<int32_t>(), int64_t(step_slots.size()));
+  b.synchronize();
+
+  // Every token's K/V sits at its slot; every other slot is untouched.
+  {
+    const auto kc = read_cache(b, kpool.get(), kv_dtype, pool_elems);
+    const auto vc = read_cache(b, vpool.get(), kv_dtype, pool_elems);
+    std::vector<bool> used(size_t(num_blocks * bs), false);
+    size_t mismatches = 0;
+    for (size_t si = 0; si < kSeqs.size(); ++si) {
+      const int32_t* table = tables.data() + descs[si].block_table_offset;
+      for (int32_t t = 0; t < kSeqs[si].context_len; ++t) {
+        const int64_t slot = int64_t(table[t / bs]) * bs + t % bs;
+        used[size_t(slot)] = true;
+        for (int64_t e = 0; e < kv_row; ++e) {
+          mismatches += kc[size_t(slot * kv_row + e)] != through_cache(kv_dtype, k_all[si][size_t(t * kv_row + e)]);
+          mismatches += vc[size_t(slot * kv_row + e)] != through_cache(kv_dtype, v_all[si][size_t(t * kv_row + e)]);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << "kv_write stored wrong values";
+    size_t touched = 0;
+    for (int64_t slot = 0; slot < num_blocks * bs; ++slot) {
+      if (used[size_t(slot)]) continue;
+      for (int64_t e = 0; e < kv_row; ++e) {
+        touched += !std::isnan(kc[size_t(slot * kv_row + e)]) || !std::isnan(vc[size_t(slot * kv_row + e)]);
+      }
+    }
+    EXPECT_EQ(touched, 0u) << "kv_write wrote outside the given slots";
+  }
+
+  // Reference: materialised scores in double over the cache-rounded K/V, causal, windowed.
+  const double scale = 1.0 / std::sqrt(double(hd));
+  const int64_t group = n_heads / nkv;
+  std::vector<double> want(size_t(n_tokens * q_row));
+  for (size_t si = 0; si < kSeqs.size(); ++si) {
+    const SeqShape& s = kSeqs[si];
+    for (int32_t qi = 0; qi < s.q_len; ++qi) {
+      const int64_t pos = s.context_len - s.q_len + qi;
+      const int64_t lo = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+      const int64_t row = descs[si].q_start + qi;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t kh = h / group;
+        std::vector<double> p;
+        double mx = -INFINITY;
+        for (int64_t key = lo; key <= pos; ++key) {
+          double dot = 0;
+          for (int64_t d = 0; d < hd; ++d) {
+            dot += double(q[size_t(row * q_row + h * hd + d)]) *
+                   through_cache(kv_dtype, k_all[si][size_t(key * kv_row + kh * hd + d)]);
+          }
+          p.push_back(dot * scale);
+          mx = std::max(mx, p.back());
+        }
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t d = 0; d < hd; ++d) {
+          double acc = 0;
+          for (int64_t key = lo; key <= pos; ++key) {
+            acc += p[size_t(key - lo)] * through_cache(kv_dtype, v_all[si][size_t(key * kv_row + kh * hd + d)]);
+          }
+          want[size_t(row * q_row + h * hd + d)] = acc / sum;
+        }
+      }
+    }
+  }
+
+  DeviceBuffer qb = upload(b, q), db = upload(b, descs), tb = upload(b, tables);
+  DeviceBuffer ob = poisoned_floats(b, want.size() + kGuard);
+  AttentionArgs args;
+  args.q = qb.as<float>();
+  args.out = ob.as<float>();
+  args.n_tokens = n_tokens;
+  args.n_heads = n_heads;
+  args.scale = float(scale);
+  args.window = c.window;
+  args.seqs = db.as<AttentionSeqDesc>();
+  args.n_seqs = int64_t(descs.size());
+  args.block_tables = tb.as<int32_t>();
+  args.max_q_len = max_q;
+  args.max_context_len = max_ctx;
+  b.attention(args, kv);
+  b.synchronize();
+  auto got = download<float>(b, ob.get(), want.size() + kGuard);
+  EXPECT_TRUE(all_nan(std::span<const float>(got).subspan(want.size()))) << "attention wrote past its output";
+  got.resize(want.size());
+  // Outputs are convex combinations of values in [-1, 1]. f32: float softmax and dots (~1e-6).
+  // f16/bf16 caches: a device may also round q and the probabilities to the cache type.
+  const double tol = kv_dtype == DType::F32 ? 1e-4 : kv_dtype == DType::F16 ? 5e-3 : 3e-2;
+  EXPECT_TRUE(all_close(got, want, [&](size_t) { return tol; }));
+}
+
+TEST_P(BackendConformance, KvWriteAndPagedAttentionOverRaggedGqaBatch) {
+  int ran = 0;
+  for (DType kv_dtype : {DType::F32, DType::F16, DType::BF16}) {
+    const bool ok = kv_dtype == DType::F32 ? claims(Op::kv_write, kv_dtype) && claims(Op::attention, kv_dtype)
+                                           : b().supports(Op::kv_write, kv_dtype) && b().supports(Op::attention, kv_dtype);
+    if (!ok) continue;
+    uint64_t seed = 9000;
+    for (int64_t n_kv_heads : {8, 4, 2, 1}) {  // n_heads 8: MHA, GQA 2 and 4, MQA
+      for (int64_t head_dim : {8, 64}) {
+        for (int64_t window : {0, 6}) {
+          for (int64_t block_size : {16, 5}) {
+            const AttnCase c{n_kv_heads, head_dim, window, block_size};
+            SCOPED_TRACE(std::string("kv ") + std::string(dtype_name(kv_dtype)) + " n_kv_heads " +
+                         std::to_string(n_kv_heads) + " head_dim " + std::to_string(head_dim) + " window " +
+                         std::to_string(window) + " block_size " + std::to_string(block_size));
+            run_attention_case(b(), kv_dtype, c, ++seed);
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "backend claims no kv cache type for attention";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance, testing::ValuesIn(plugin_names(ComponentKind::backend)),
+                         param_name);
+
+}  // namespace
+}  // namespace tessera

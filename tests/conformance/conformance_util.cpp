@@ -1,0 +1,80 @@
+#include "conformance/conformance_util.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+namespace tessera::conformance {
+
+Registry& registry() {
+  static Registry reg;
+  static const bool loaded = (reg.load_directory(TESSERA_PLUGIN_DIR), true);
+  (void)loaded;
+  return reg;
+}
+
+std::vector<std::string> plugin_names(ComponentKind kind) {
+  std::vector<std::string> names;
+  for (const PluginEntry* e : registry().entries(kind)) names.push_back(e->name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string load_failures() {
+  std::string out;
+  for (const LoadFailure& f : registry().failures()) out += f.library + ": " + f.message + "\n";
+  return out;
+}
+
+std::string param_name(const testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
+
+Backend& cpu() {
+  static std::shared_ptr<Backend> backend = create_default<Backend>("cpu");
+  return *backend;
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> random_ints(size_t n, uint64_t seed, int32_t lo, int32_t hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(lo, hi);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(rng);
+  return v;
+}
+
+void poison(Backend& b, void* dst, size_t n_floats) {
+  const std::vector<float> nans(n_floats, std::numeric_limits<float>::quiet_NaN());
+  if (n_floats > 0) b.copy_to_device(dst, nans.data(), n_floats * sizeof(float));
+}
+
+DeviceBuffer poisoned_floats(Backend& b, size_t n) {
+  DeviceBuffer buf(b, std::max<size_t>(n, 1) * sizeof(float));
+  poison(b, buf.get(), n);
+  return buf;
+}
+
+double normalized_rms_error(std::span<const float> got, std::span<const double> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+  }
+  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace tessera::conformance

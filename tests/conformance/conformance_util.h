@@ -1,0 +1,105 @@
+// Shared plumbing for the conformance suites. Every suite reaches plugins the way the product does:
+// one Registry that loads the build's plugin directory (never a linked plugin symbol), so a plugin
+// added later is picked up without editing a test. Data comes from fixed seeds.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/backend.h"
+#include "tessera/component.h"
+#include "tessera/device_buffer.h"
+#include "tessera/registry.h"
+
+namespace tessera::conformance {
+
+// Loaded once from TESSERA_PLUGIN_DIR and kept for the life of the process.
+Registry& registry();
+
+// Names of every loaded plugin of `kind`, sorted. Used as the parameter list of each suite, so
+// every plugin of the kind is exercised.
+std::vector<std::string> plugin_names(ComponentKind kind);
+
+// Libraries in the plugin directory that failed to load, one per line ("" when none).
+std::string load_failures();
+
+// Gives a test instance the plugin's name (non-alphanumerics become '_', as gtest requires).
+std::string param_name(const testing::TestParamInfo<std::string>& info);
+
+// Creates `name` with its declared defaults, as a pipeline that names only the plugin would.
+template <class T>
+std::shared_ptr<T> create_default(const std::string& name) {
+  return registry().create<T>(name, nlohmann::json::object(), "conformance test");
+}
+
+// The CPU backend that component plugins run on (shared; it is stateless apart from memory).
+Backend& cpu();
+
+// Uniform values in [lo, hi) from a fixed seed.
+std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+std::vector<int32_t> random_ints(size_t n, uint64_t seed, int32_t lo, int32_t hi);  // [lo, hi]
+
+// Backend memory helpers. Uploads go through copy_to_device, reads through copy_to_host, so the
+// suites work unchanged on a device whose memory the host cannot touch.
+template <class T>
+DeviceBuffer upload(Backend& b, std::span<const T> host, size_t extra_elems = 0) {
+  DeviceBuffer buf(b, (host.size() + extra_elems) * sizeof(T) + (host.empty() && extra_elems == 0 ? 1 : 0));
+  if (!host.empty()) b.copy_to_device(buf.get(), host.data(), host.size() * sizeof(T));
+  return buf;
+}
+template <class T>
+DeviceBuffer upload(Backend& b, const std::vector<T>& host, size_t extra_elems = 0) {
+  return upload(b, std::span<const T>(host), extra_elems);
+}
+template <class T>
+std::vector<T> download(Backend& b, const void* src, size_t n) {
+  std::vector<T> out(n);
+  if (n > 0) b.copy_to_host(out.data(), src, n * sizeof(T));
+  return out;
+}
+
+// A buffer of `n` floats filled with NaN, so an output the kernel forgot to write (or a value read
+// from memory nobody wrote) cannot pass a comparison by accident.
+DeviceBuffer poisoned_floats(Backend& b, size_t n);
+void poison(Backend& b, void* dst, size_t n_floats);
+
+// sqrt(sum (got - want)^2 / sum want^2): error relative to the signal, independent of scale.
+double normalized_rms_error(std::span<const float> got, std::span<const double> want);
+
+inline bool all_nan(std::span<const float> v) {
+  for (float x : v) {
+    if (!std::isnan(x)) return false;
+  }
+  return true;
+}
+
+// Passes when |got[i] - want[i]| <= bound(i) for every i (NaN never passes); on failure names the
+// count of bad elements and the first one.
+template <class Bound>
+testing::AssertionResult all_close(std::span<const float> got, std::span<const double> want, Bound bound) {
+  if (got.size() != want.size()) {
+    return testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  }
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::abs(double(got[i]) - want[i]);
+    if (!(err <= bound(i))) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << bad << " of " << want.size() << " values out of bounds; first at ["
+                                     << first << "]: got " << got[first] << ", want " << want[first]
+                                     << ", allowed error " << bound(first);
+}
+
+}  // namespace tessera::conformance

@@ -1,0 +1,133 @@
+// Engine behaviour a caller relies on: clear refusals, streaming order, cancellation returning
+// KV, seeded sampling independent of the batch, stop tokens.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+#include "tessera/engine.h"
+
+namespace tessera {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Engine, RefusesPromptsThatDoNotFitTheContext) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  Engine engine(*p);
+  GenerationRequest req;
+  req.prompt.assign(512, 300);
+  const std::string msg = error_of([&] { engine.submit(req); });
+  EXPECT_NE(msg.find("512 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("context"), std::string::npos) << msg;
+  req.prompt.clear();
+  EXPECT_NE(error_of([&] { engine.submit(req); }).find("empty"), std::string::npos);
+  req.prompt = {1, 9999};
+  EXPECT_NE(error_of([&] { engine.submit(req); }).find("9999"), std::string::npos);
+}
+
+TEST(Engine, RefusesInvalidSamplingValuesNamingTheField) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  Engine engine(*p);
+  GenerationRequest req;
+  req.prompt = {1};
+  req.sampling = SamplingParams{};
+  req.sampling->temperature = -1;
+  EXPECT_NE(error_of([&] { engine.submit(req); }).find("temperature"), std::string::npos);
+  req.sampling->temperature = 1;
+  req.sampling->top_p = 1.5;
+  EXPECT_NE(error_of([&] { engine.submit(req); }).find("top_p"), std::string::npos);
+}
+
+TEST(Engine, StreamsEveryTokenInOrderAndStopsAtLength) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  Engine engine(*p);
+  GenerationRequest req;
+  req.prompt = p->tokenizer().encode("Lily and Ben", true);
+  req.max_tokens = 20;
+  std::vector<int32_t> streamed;
+  req.on_token = [&](RequestId, int32_t t) { streamed.push_back(t); };
+  engine.submit(req);
+  engine.run_until_idle();
+  auto r = engine.take_finished();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].tokens.size(), 20u);
+  EXPECT_EQ(r[0].tokens, streamed);
+  EXPECT_EQ(r[0].reason, FinishReason::length);
+  EXPECT_LE(r[0].submitted, r[0].first_token);
+  EXPECT_LE(r[0].first_token, r[0].finished);
+}
+
+TEST(Engine, StopTokenEndsGeneration) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  Engine engine(*p);
+  GenerationRequest req;
+  req.prompt = {1, 403, 407, 261, 378};
+  req.max_tokens = 96;
+  req.stop_tokens = {261};  // " a": the golden continuation reaches it at its 4th token
+  engine.submit(req);
+  engine.run_until_idle();
+  auto r = engine.take_finished();
+  EXPECT_EQ(r[0].tokens, (std::vector<int32_t>{432, 383, 286, 261}));
+  EXPECT_EQ(r[0].reason, FinishReason::stop);
+}
+
+TEST(Engine, CancelReturnsTheCacheAndReportsCancelled) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  Engine engine(*p);
+  GenerationRequest req;
+  req.prompt = {1, 403};
+  req.max_tokens = 200;
+  const RequestId a = engine.submit(req);
+  const RequestId b = engine.submit(req);
+  for (int i = 0; i < 5; ++i) engine.step();
+  EXPECT_EQ(p->cache().stats().sequences, 2);
+  engine.cancel(a);
+  engine.step();
+  EXPECT_EQ(p->cache().stats().sequences, 1);
+  engine.cancel(b);
+  engine.run_until_idle();
+  auto r = engine.take_finished();
+  ASSERT_EQ(r.size(), 2u);
+  for (const auto& x : r) EXPECT_EQ(x.reason, FinishReason::cancelled);
+  EXPECT_EQ(p->cache().stats().blocks_used, 0);
+}
+
+TEST(Engine, SameSeedSameOutputWhateverTheBatch) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  SamplingParams s;
+  s.temperature = 1.0;
+  s.top_p = 0.95;
+  s.seed = 42;
+  auto run = [&](int companions) {
+    Engine engine(*p);
+    GenerationRequest req;
+    req.prompt = p->tokenizer().encode("Tom and his dog went to the park", true);
+    req.max_tokens = 40;
+    req.sampling = s;
+    const RequestId id = engine.submit(req);
+    for (int i = 0; i < companions; ++i) {
+      GenerationRequest other = req;
+      other.sampling->seed = 1000 + i;
+      engine.submit(other);
+    }
+    engine.run_until_idle();
+    for (auto& r : engine.take_finished()) {
+      if (r.id == id) return r.tokens;
+    }
+    return std::vector<int32_t>{};
+  };
+  const auto alone = run(0);
+  EXPECT_EQ(alone.size(), 40u);
+  EXPECT_EQ(alone, run(3));
+  s.seed = 43;
+  EXPECT_NE(alone, run(0)) << "a different seed should change a 40-token sample";
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,46 @@
+// Perplexity by the reference method (golden/README.md) on the real model and eval text.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+#include "tessera/eval.h"
+
+namespace tessera {
+namespace {
+
+double ppl(const std::string& model) {
+  auto p = test::cpu_pipeline(model);
+  const auto tokens = p->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
+  EXPECT_EQ(tokens.size(), 1116u);
+  const PerplexityResult r = perplexity(*p, tokens, 128);
+  EXPECT_EQ(r.chunks, 8);
+  EXPECT_EQ(r.scored_tokens, 8 * 63);
+  return r.perplexity;
+}
+
+TEST(Perplexity, F32WithinHalfAPercentOfReference) {
+  EXPECT_NEAR(ppl(test::kStoriesF32), 4.7634, 4.7634 * 0.005);
+}
+
+TEST(Perplexity, Q8WithinOnePercentOfReference) {
+  EXPECT_NEAR(ppl(test::kStoriesQ8), 4.7733, 4.7733 * 0.01);
+}
+
+TEST(Perplexity, RefusesTextShorterThanOneChunk) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  const auto tokens = p->tokenizer().encode("Once upon a time", true);
+  try {
+    perplexity(*p, tokens, 128);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than one chunk"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Perplexity, RefusesContextLongerThanTheModel) {
+  auto p = test::cpu_pipeline(test::kStoriesF32);
+  std::vector<int32_t> tokens(2000, 300);
+  EXPECT_THROW(perplexity(*p, tokens, 1024), Error);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,155 @@
+// Pipeline files: the schema, extends, and errors that name the file and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PipelineSpecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tessera_pipeline_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+  // The error from loading and validating `text`, or "" when it is accepted.
+  std::string error_of(const std::string& text) {
+    const std::string path = write("p.yaml", text);
+    try {
+      validate_pipeline_spec(load_pipeline_spec(path), test::plugins());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(PipelineSpecTest, ReadsEveryComponentAndFillsDefaults) {
+  const std::string path = write("p.yaml",
+                                 "model: " + test::kStoriesF32 +
+                                     "\nbackend: cpu\ncomponents:\n"
+                                     "  cache: { plugin: contiguous, max_seqs: 3, memory: 1MiB }\n"
+                                     "  decoder:\n    plugin: sampling\n    temperature: 0.7\n");
+  const PipelineSpec spec = load_pipeline_spec(path);
+  EXPECT_EQ(spec.model, test::kStoriesF32);
+  EXPECT_EQ(spec.backend, "cpu");
+  EXPECT_EQ(spec.components.at(ComponentKind::cache).params.at("max_seqs"), 3);
+  EXPECT_EQ(spec.components.at(ComponentKind::cache).params.at("memory"), "1MiB");
+  EXPECT_DOUBLE_EQ(spec.components.at(ComponentKind::decoder).params.at("temperature").get<double>(), 0.7);
+  EXPECT_EQ(spec.components.at(ComponentKind::quantizer).plugin, "none");
+  EXPECT_EQ(spec.components.at(ComponentKind::scheduler).plugin, "fcfs");
+  EXPECT_NO_THROW(validate_pipeline_spec(spec, test::plugins()));
+}
+
+TEST_F(PipelineSpecTest, ExtendsOverridesOnlyWhatItNames) {
+  write("base.yaml", "model: " + test::kStoriesF32 +
+                         "\ncomponents:\n  cache: { plugin: contiguous, max_seqs: 3, max_len: 256 }\n"
+                         "  decoder: { plugin: sampling, temperature: 0.5 }\n");
+  const std::string path = write("child.yaml", "extends: base.yaml\ncomponents:\n  cache: { plugin: contiguous, max_seqs: 5 }\n");
+  const PipelineSpec spec = load_pipeline_spec(path);
+  EXPECT_EQ(spec.model, test::kStoriesF32);
+  const auto& cache = spec.components.at(ComponentKind::cache).params;
+  EXPECT_EQ(cache.at("max_seqs"), 5);
+  EXPECT_EQ(cache.at("max_len"), 256);
+  EXPECT_DOUBLE_EQ(spec.components.at(ComponentKind::decoder).params.at("temperature").get<double>(), 0.5);
+}
+
+TEST_F(PipelineSpecTest, ExtendsCycleIsRefused) {
+  write("a.yaml", "extends: b.yaml\n");
+  write("b.yaml", "extends: a.yaml\n");
+  try {
+    load_pipeline_spec((dir_ / "a.yaml").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cycle"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(PipelineSpecTest, UnknownParameterNamesItsLine) {
+  const std::string msg = error_of("components:\n  attention: { plugin: gqa }\n  cache:\n    plugin: contiguous\n    max_seqs: 2\n    blok_size: 16\n");
+  EXPECT_NE(msg.find("p.yaml:6"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown parameter 'blok_size'"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, IllTypedParameterNamesItsLineAndValue) {
+  const std::string msg = error_of("components:\n  cache:\n    plugin: contiguous\n    max_seqs: lots\n");
+  EXPECT_NE(msg.find("p.yaml:4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_seqs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lots"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, UnknownPluginNamesItsLineAndTheAlternatives) {
+  const std::string msg = error_of("model: x.gguf\ncomponents:\n  quantizer: { plugin: int9 }\n");
+  EXPECT_NE(msg.find("p.yaml:3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown quantizer plugin 'int9'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("available: none"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, UnknownTopLevelKeyAndKindAreRefusedWithTheirLines) {
+  std::string msg = error_of("model: x.gguf\nbakend: cpu\n");
+  EXPECT_NE(msg.find("p.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown key 'bakend'"), std::string::npos) << msg;
+  msg = error_of("components:\n  sampler: { plugin: sampling }\n");
+  EXPECT_NE(msg.find("p.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown component kind 'sampler'"), std::string::npos) << msg;
+  msg = error_of("components:\n  cache: { max_seqs: 2 }\n");
+  EXPECT_NE(msg.find("needs 'plugin:'"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, MalformedYamlNamesTheLine) {
+  const std::string msg = error_of("model: x.gguf\ncomponents:\n  cache: { plugin: contiguous\n");
+  EXPECT_NE(msg.find("p.yaml:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("invalid YAML"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, MissingFilesAreNamed) {
+  try {
+    load_pipeline_spec((dir_ / "nope.yaml").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope.yaml: pipeline file not found"), std::string::npos) << e.what();
+  }
+  const std::string path = write("m.yaml", "model: /no/such/model.gguf\nbackend: cpu\n");
+  try {
+    Pipeline::build(load_pipeline_spec(path), test::plugins());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m.yaml:1: model file '/no/such/model.gguf' not found"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(PipelineSpecTest, UnknownBackendIsRefused) {
+  const std::string path = write("b.yaml", "model: " + test::kStoriesF32 + "\nbackend: tpu\n");
+  try {
+    Pipeline::build(load_pipeline_spec(path), test::plugins());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown backend plugin 'tpu'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(PipelineSpecTest, ShippedPipelinesAreValid) {
+  for (const auto& entry : fs::directory_iterator(fs::path(TESSERA_SOURCE_DIR) / "pipelines")) {
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(validate_pipeline_spec(load_pipeline_spec(entry.path().string()), test::plugins()));
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,131 @@
+// The plugin loader through real shared libraries: refusals name the file and the reason, refused
+// libraries leave nothing behind, and created objects keep their library loaded.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_util.h"
+#include "tessera/plugin.h"
+
+namespace tessera {
+namespace {
+
+const std::string kLibs = TESSERA_TEST_LIB_DIR;
+
+std::string load_error(Registry& r, const std::string& file) {
+  try {
+    r.load_library(kLibs + "/" + file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Registry, LoadsEveryShippedPluginFromTheBuildTree) {
+  const Registry& r = test::plugins();
+  EXPECT_TRUE(r.failures().empty()) << r.failures().front().message;
+  for (auto [kind, name] : std::vector<std::pair<ComponentKind, std::string>>{
+           {ComponentKind::backend, "cpu"},       {ComponentKind::quantizer, "none"},
+           {ComponentKind::attention, "gqa"},     {ComponentKind::cache, "contiguous"},
+           {ComponentKind::scheduler, "fcfs"},    {ComponentKind::decoder, "sampling"}}) {
+    const PluginEntry* e = r.find(kind, name);
+    ASSERT_NE(e, nullptr) << kind_name(kind) << " " << name;
+    EXPECT_NE(e->library.find("libtessera_"), std::string::npos);
+  }
+}
+
+TEST(Registry, RefusesAnAbiMismatchNamingTheFile) {
+  Registry r;
+  const std::string msg = load_error(r, "libtestlib_bad_abi.so");
+  EXPECT_NE(msg.find("libtestlib_bad_abi.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ABI version " + std::to_string(TESSERA_ABI_VERSION + 1)), std::string::npos) << msg;
+  EXPECT_TRUE(r.all_entries().empty());
+}
+
+TEST(Registry, RefusesAForeignBuildIdentity) {
+  Registry r;
+  const std::string msg = load_error(r, "libtestlib_bad_build.so");
+  EXPECT_NE(msg.find("libtestlib_bad_build.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("build identity"), std::string::npos) << msg;
+}
+
+TEST(Registry, RefusesALibraryWithoutTheEntryPoint) {
+  Registry r;
+  const std::string msg = load_error(r, "libtestlib_no_entry.so");
+  EXPECT_NE(msg.find("not a Tessera plugin"), std::string::npos) << msg;
+  EXPECT_NE(load_error(r, "libtestlib_missing.so").find("not found"), std::string::npos);
+}
+
+TEST(Registry, ReportsAFailedRegistrationWithoutThrowingAcrossTheBoundary) {
+  Registry r;
+  const std::string msg = load_error(r, "libtestlib_throws.so");
+  EXPECT_NE(msg.find("deliberate failure"), std::string::npos) << msg;
+  EXPECT_TRUE(r.all_entries().empty());
+}
+
+TEST(Registry, DuplicateRegistrationNamesBothLibraries) {
+  Registry r;
+  EXPECT_EQ(load_error(r, "libtestlib_dup_a.so"), "");
+  const std::string msg = load_error(r, "libtestlib_dup_b.so");
+  EXPECT_NE(msg.find("libtestlib_dup_a.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("libtestlib_dup_b.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dup_test"), std::string::npos) << msg;
+  ASSERT_EQ(r.entries(ComponentKind::quantizer).size(), 1u);
+  EXPECT_NE(r.entries(ComponentKind::quantizer)[0]->library.find("dup_a"), std::string::npos);
+}
+
+TEST(Registry, DirectoryLoadingKeepsGoodLibrariesAndListsRefusals) {
+  Registry r;
+  r.load_directory(kLibs);  // test libraries are named libtestlib_*, not libtessera_*: nothing loads
+  EXPECT_TRUE(r.all_entries().empty());
+  r.load_directory(TESSERA_PLUGIN_DIR);
+  EXPECT_NE(r.find(ComponentKind::backend, "cpu"), nullptr);
+}
+
+TEST(Registry, UnknownPluginListsWhatIsAvailable) {
+  try {
+    test::plugins().require(ComponentKind::quantizer, "int9");
+    FAIL();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown quantizer plugin 'int9'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("none"), std::string::npos) << msg;
+  }
+}
+
+TEST(Registry, ObjectsKeepTheirLibraryLoaded) {
+  std::shared_ptr<Decoder> decoder;
+  {
+    Registry r;
+    r.load_library(std::string(TESSERA_PLUGIN_DIR) + "/libtessera_decoder_sampling.so");
+    decoder = r.create<Decoder>("sampling", nlohmann::json::object(), "test");
+  }  // the registry is gone; the decoder's code must still be mapped
+  std::vector<float> logits = {0.1f, 3.0f, 0.2f};
+  DecodeItem item;
+  item.logits = logits.data();
+  item.vocab = 3;
+  uint64_t rng = 0;
+  item.rng_state = &rng;
+  decoder->select(std::span<DecodeItem>(&item, 1));
+  EXPECT_EQ(item.tokens, std::vector<int32_t>{1});
+}
+
+TEST(Registry, ParametersAreValidatedAgainstTheDeclaration) {
+  const Registry& r = test::plugins();
+  auto msg = [&](const nlohmann::json& params) {
+    try {
+      r.create<Cache>("contiguous", params, "here.yaml:3");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg({{"max_sqes", 4}}).find("unknown parameter 'max_sqes'"), std::string::npos);
+  EXPECT_NE(msg({{"max_seqs", "four"}}).find("expected integer, got \"four\""), std::string::npos);
+  EXPECT_NE(msg({{"memory", "12 parsecs"}}).find("unknown size unit"), std::string::npos);
+  EXPECT_NE(msg({{"max_sqes", 4}}).find("here.yaml:3"), std::string::npos);
+  EXPECT_EQ(msg({{"memory", "1MiB"}, {"max_seqs", 2}}), "");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,65 @@
+// Helpers shared by the tests: the real plugin directory, models and golden files.
+#pragma once
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/pipeline.h"
+#include "tessera/registry.h"
+
+namespace tessera::test {
+
+inline const std::string kShared = TESSERA_SHARED_DIR;
+inline const std::string kStoriesF32 = kShared + "/models/stories260K/stories260K-f32.gguf";
+inline const std::string kStoriesQ8 = kShared + "/models/stories260K/stories260K-q8_0.gguf";
+inline const std::string kAidreamsF32 = kShared + "/models/aidreams260K/aidreams260K-f32.gguf";
+
+// One registry with every plugin of the build tree, shared by a test binary.
+inline const Registry& plugins() {
+  static const Registry* registry = [] {
+    auto* r = new Registry();
+    r->load_directory(TESSERA_PLUGIN_DIR);
+    return r;
+  }();
+  return *registry;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The default pipeline on the CPU, with `model` and optional component overrides:
+// {"cache": {"plugin": "contiguous", "max_seqs": 4}}.
+inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
+                                              const nlohmann::json& components = nlohmann::json::object()) {
+  PipelineSpec spec = default_pipeline_spec();
+  spec.model = model;
+  spec.backend = "cpu";
+  for (const auto& [kind_text, value] : components.items()) {
+    ComponentKind kind;
+    if (!parse_kind(kind_text, &kind)) throw Error("bad kind in test: " + kind_text);
+    ComponentSpec c;
+    c.plugin = value.at("plugin").get<std::string>();
+    c.params = value;
+    c.params.erase("plugin");
+    c.where = "test";
+    spec.components[kind] = c;
+  }
+  return Pipeline::build(spec, plugins());
+}
+
+}  // namespace tessera::test

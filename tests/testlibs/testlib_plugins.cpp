@@ -1,0 +1,45 @@
+// Test plugin libraries, one source built several ways (see tests/CMakeLists.txt):
+//   TESTLIB_VARIANT 1, 2: both register quantizer "dup_test" (duplicate registration)
+//   TESTLIB_VARIANT 3: wrong ABI version
+//   TESTLIB_VARIANT 4: wrong build identity
+//   TESTLIB_VARIANT 5: registration throws
+//   TESTLIB_VARIANT 6: no entry point at all
+#include <memory>
+#include <stdexcept>
+
+#include "tessera/plugin.h"
+
+namespace {
+
+class NullQuantizer final : public tessera::Quantizer {
+ public:
+  std::unique_ptr<tessera::Linear> make_linear(tessera::Backend&, const tessera::WeightSource&) override {
+    throw tessera::Error("test quantizer");
+  }
+};
+
+[[maybe_unused]] void register_test(tessera::Registrar& r) {
+#if TESTLIB_VARIANT == 5
+  throw std::runtime_error("deliberate failure in test plugin");
+#endif
+  r.add<tessera::Quantizer>("dup_test", "test", {}, [](const tessera::Params&) { return std::make_unique<NullQuantizer>(); });
+}
+
+}  // namespace
+
+#if TESTLIB_VARIANT == 1 || TESTLIB_VARIANT == 2 || TESTLIB_VARIANT == 5
+TESSERA_PLUGIN("testlib", register_test)
+#elif TESTLIB_VARIANT == 3 || TESTLIB_VARIANT == 4
+extern "C" __attribute__((visibility("default"))) const tessera::PluginManifest* tessera_plugin_entry() noexcept {
+  static const tessera::PluginManifest manifest{
+#if TESTLIB_VARIANT == 3
+      TESSERA_ABI_VERSION + 1, sizeof(tessera::PluginManifest), TESSERA_BUILD_ID,
+#else
+      TESSERA_ABI_VERSION, sizeof(tessera::PluginManifest), "tessera-abi1 some-other-stdlib",
+#endif
+      "testlib", TESSERA_COMPILER_ID, &tessera::detail::register_noexcept<register_test>};
+  return &manifest;
+}
+#else
+extern "C" __attribute__((visibility("default"))) int not_a_tessera_plugin() { return 0; }
+#endif
