@@ -1,0 +1,108 @@
+// The tessera command as a user runs it: exit codes, JSON output, error messages.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+struct Output {
+  int status = -1;
+  std::string text;  // stdout and stderr together
+};
+
+Output tessera_cmd(const std::string& args) {
+  // Run from the source tree so that pipelines/default.yaml and its relative model path resolve.
+  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1";
+  Output out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
+  const int status = pclose(pipe);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+TEST(Cli, RunJsonGivesTokensTextAndTimingsPerPrompt) {
+  const Output o = tessera_cmd("run --format json -n 12 --prompt 'Once upon a time' --prompt 'Lily and Ben'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::vector<nlohmann::json> lines;
+  std::stringstream ss(o.text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(lines.size(), 2u) << o.text;
+  EXPECT_EQ(lines[0]["prompt_token_ids"], nlohmann::json({1, 403, 407, 261, 378}));
+  EXPECT_EQ(lines[0]["completion_token_ids"],
+            nlohmann::json({432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338}));
+  EXPECT_EQ(lines[0]["completion_text"], ", there was a little girl named Lily. She");
+  EXPECT_EQ(lines[1]["prompt"], "Lily and Ben");
+  EXPECT_GT(lines[0]["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(lines[0]["timings"]["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(lines[0]["weight_bytes"].get<int64_t>(), 1000000);
+}
+
+TEST(Cli, ModelFlagOverridesThePipeline) {
+  const Output o = tessera_cmd("run --format json -n 4 -m '" + test::kAidreamsF32 + "'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text.substr(o.text.find('{')));
+  EXPECT_EQ(j["model"], test::kAidreamsF32);
+  EXPECT_EQ(j["completion_token_ids"], nlohmann::json({319, 459, 355, 260}));
+}
+
+TEST(Cli, PluginsJsonListsKindNameLibraryAndParameters) {
+  const Output o = tessera_cmd("plugins --format json");
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text);
+  bool found = false;
+  for (const auto& p : j["plugins"]) {
+    if (p["kind"] == "cache" && p["name"] == "contiguous") {
+      found = true;
+      EXPECT_NE(p["library"].get<std::string>().find("libtessera_cache_contiguous.so"), std::string::npos);
+      EXPECT_FALSE(p["parameters"].empty());
+      EXPECT_EQ(p["parameters"][0]["name"], "max_seqs");
+    }
+  }
+  EXPECT_TRUE(found) << o.text;
+}
+
+TEST(Cli, EvalPrintsThePerplexity) {
+  const Output o = tessera_cmd("eval --format json --text '" + test::kShared + "/eval/tiny_stories_eval.txt' --ctx 128");
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto j = nlohmann::json::parse(o.text);
+  EXPECT_NEAR(j["perplexity"].get<double>(), 4.7634, 0.02);
+}
+
+TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cli_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string bad = (dir / "bad.yaml").string();
+  std::ofstream(bad) << "components:\n  cache: { plugin: contiguous, max_seqs: 2, colour: red }\n";
+  Output o = tessera_cmd("run -p '" + bad + "' hello");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("bad.yaml:2"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("unknown parameter 'colour'"), std::string::npos) << o.text;
+
+  const std::string junk = (dir / "junk.gguf").string();
+  std::ofstream(junk) << "this is not a gguf file at all";
+  o = tessera_cmd("run -m '" + junk + "' hello");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("junk.gguf"), std::string::npos) << o.text;
+
+  o = tessera_cmd("run --backend nosuch hello");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("unknown backend plugin 'nosuch'"), std::string::npos) << o.text;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
