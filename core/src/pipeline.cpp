@@ -1,6 +1,8 @@
 #include "tessera/pipeline.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 
 #include "tessera/error.h"
 
@@ -14,12 +16,16 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
   if (name != "auto") {
     return registry.create<Backend>(name, spec.backend_params, where);
   }
-  // auto: the first accelerator that loads and has a device, else the CPU.
+  // auto: the first accelerator that has a device and runs the whole float model, else the CPU.
+  static constexpr Op kCoreOps[] = {Op::embedding, Op::gemm,   Op::rms_norm,  Op::rope,     Op::silu_mul,
+                                    Op::add,       Op::kv_write, Op::attention, Op::argmax};
   for (const char* candidate : {"cuda", "hip"}) {
     if (registry.find(ComponentKind::backend, candidate) == nullptr) continue;
     try {
       auto backend = registry.create<Backend>(candidate, nlohmann::json::object(), where);
-      if (!backend->devices().empty()) return backend;
+      const bool complete = std::all_of(std::begin(kCoreOps), std::end(kCoreOps),
+                                        [&](Op op) { return backend->supports(op, DType::F32); });
+      if (!backend->devices().empty() && complete) return backend;
     } catch (const Error&) {
       // No device or driver: fall through to the next candidate.
     }

@@ -25,6 +25,7 @@ struct GpuCase {
 };
 
 std::string case_name(const testing::TestParamInfo<GpuCase>& info) { return info.param.backend; }
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.backend; }
 
 class GpuBackendTest : public testing::TestWithParam<GpuCase> {
  protected:

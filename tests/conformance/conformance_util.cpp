@@ -34,6 +34,18 @@ std::string param_name(const testing::TestParamInfo<std::string>& info) {
   return s;
 }
 
+std::vector<Variant> choice_variants(ComponentKind kind, const std::string& name) {
+  std::vector<Variant> out = {{"defaults", nlohmann::json::object()}};
+  for (const ParamSpec& spec : registry().require(kind, name).params) {
+    if (spec.type != ParamType::string) continue;
+    for (const std::string& choice : spec.choices) {
+      if (spec.default_value == choice) continue;  // already covered by the defaults
+      out.push_back({spec.name + "=" + choice, nlohmann::json{{spec.name, choice}}});
+    }
+  }
+  return out;
+}
+
 Backend& cpu() {
   static std::shared_ptr<Backend> backend = create_default<Backend>("cpu");
   return *backend;

@@ -41,6 +41,14 @@ std::shared_ptr<T> create_default(const std::string& name) {
   return registry().create<T>(name, nlohmann::json::object(), "conformance test");
 }
 
+// Parameter sets to run a plugin with: its defaults, then each allowed value of every string
+// parameter that declares choices (e.g. a quantizer's target dtype), one at a time.
+struct Variant {
+  std::string label;  // "defaults" or "name=value"
+  nlohmann::json params;
+};
+std::vector<Variant> choice_variants(ComponentKind kind, const std::string& name);
+
 // The CPU backend that component plugins run on (shared; it is stateless apart from memory).
 Backend& cpu();
 

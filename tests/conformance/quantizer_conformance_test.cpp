@@ -74,14 +74,24 @@ Source make_source(DType t, int64_t rows, int64_t cols, uint64_t seed) {
 
 class QuantizerConformance : public testing::TestWithParam<std::string> {};
 
+void check_linears(Quantizer& q);
+
 TEST(QuantizerPlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::quantizer).empty())
       << "no quantizer plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
 }
 
 TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {
-  auto quantizer = create_default<Quantizer>(GetParam());
-  ASSERT_NE(quantizer, nullptr);
+  // Defaults first, then each declared choice (e.g. the target dtype) so every format is reached.
+  for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
+    SCOPED_TRACE(variant.label);
+    auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
+    ASSERT_NE(quantizer, nullptr);
+    check_linears(*quantizer);
+  }
+}
+
+void check_linears(Quantizer& q) {
   Backend& b = cpu();
   for (DType src : {DType::F32, DType::F16, DType::Q8_0}) {
     for (int64_t cols : {64, 96, 256}) {
@@ -93,7 +103,7 @@ TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {
         const WeightSource ws{"blk.0.ffn_up.weight", src, s.bytes.data(), rows, cols};
         std::unique_ptr<Linear> linear;
         try {
-          linear = quantizer->make_linear(b, ws);
+          linear = q.make_linear(b, ws);
         } catch (const Error& e) {
           ADD_FAILURE() << "make_linear refused on the cpu backend, which implements every op: " << e.what();
           continue;

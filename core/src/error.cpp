@@ -1,0 +1,7 @@
+#include "tessera/error.h"
+
+namespace tessera {
+
+Error::~Error() = default;
+
+}  // namespace tessera

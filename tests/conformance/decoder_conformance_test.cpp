@@ -1,0 +1,205 @@
+// Decoder conformance: every decoder the loader finds, with its defaults, turns seeded random logits
+// into tokens the way a user relies on: greedy is the argmax, a seed fixes the output whatever else
+// is in the batch, different seeds differ, top_k = 1 is greedy at any temperature, and tokens are
+// always inside the vocabulary. Also: validate_sampling refuses out-of-range settings by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "conformance/conformance_util.h"
+#include "tessera/decoder.h"
+#include "tessera/error.h"
+
+namespace tessera {
+namespace {
+
+using namespace conformance;
+
+// Decoders whose defaults need a companion the pipeline wires in (a draft model), so they cannot be
+// created from defaults alone. They are skipped only if creation actually fails.
+const std::set<std::string> kNeedCompanion = {
+    "speculative",  // default proposer is a draft model supplied by the pipeline
+};
+
+class DecoderConformance : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    try {
+      decoder_ = create_default<Decoder>(GetParam());
+    } catch (const Error& e) {
+      if (kNeedCompanion.count(GetParam())) GTEST_SKIP() << "needs a companion: " << e.what();
+      FAIL() << "decoder '" << GetParam() << "' cannot be created from its defaults: " << e.what();
+    }
+  }
+
+  // One step for several sequences; returns each item's tokens.
+  std::vector<std::vector<int32_t>> select(std::vector<DecodeItem>& items) {
+    decoder_->select(items);
+    std::vector<std::vector<int32_t>> out;
+    for (const DecodeItem& it : items) out.push_back(it.tokens);
+    return out;
+  }
+
+  SamplingParams params(double temperature, int64_t top_k = 0, double top_p = 1.0, uint64_t seed = 0) const {
+    SamplingParams p = decoder_->default_params();
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = 0.0;
+    p.repetition_penalty = 1.0;
+    p.seed = seed;
+    return p;
+  }
+
+  std::shared_ptr<Decoder> decoder_;
+};
+
+DecodeItem item(SeqId seq, const std::vector<float>& logits, const SamplingParams& p, std::span<const int32_t> history,
+                uint64_t* rng) {
+  DecodeItem it;
+  it.seq = seq;
+  it.logits = logits.data();
+  it.vocab = int64_t(logits.size());
+  it.params = p;
+  it.history = history;
+  it.rng_state = rng;
+  return it;
+}
+
+int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+TEST(DecoderPlugins, AtLeastOneIsLoaded) {
+  EXPECT_FALSE(plugin_names(ComponentKind::decoder).empty())
+      << "no decoder plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+}
+
+TEST(SamplingValidation, RejectsOutOfRangeValuesNamingTheField) {
+  auto expect_refused = [](SamplingParams p, const std::string& field) {
+    try {
+      validate_sampling(p);
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  SamplingParams p;
+  p.temperature = -1;
+  expect_refused(p, "temperature");
+  p = {};
+  p.top_p = 0;
+  expect_refused(p, "top_p");
+  p.top_p = 1.5;
+  expect_refused(p, "top_p");
+  EXPECT_NO_THROW(validate_sampling(SamplingParams{}));
+}
+
+TEST_P(DecoderConformance, DefaultsAreValid) { EXPECT_NO_THROW(validate_sampling(decoder_->default_params())); }
+
+TEST_P(DecoderConformance, TemperatureZeroPicksTheArgmax) {
+  for (int64_t vocab : {2, 512, 1001}) {
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      const auto logits = random_floats(size_t(vocab), seed * 977 + uint64_t(vocab), -10, 10);
+      uint64_t rng = seed;
+      const std::vector<int32_t> history = {1, 2, 3};
+      std::vector<DecodeItem> items = {item(1, logits, params(0.0), history, &rng)};
+      const auto out = select(items);
+      ASSERT_FALSE(out[0].empty());
+      EXPECT_EQ(out[0][0], argmax(logits)) << "vocab " << vocab << " seed " << seed;
+    }
+  }
+}
+
+TEST_P(DecoderConformance, TopKOneIsGreedyAtAnyTemperature) {
+  for (double t : {0.3, 1.0, 5.0}) {
+    for (uint64_t seed = 1; seed <= 10; ++seed) {
+      const auto logits = random_floats(1001, seed * 131, -3, 3);
+      uint64_t rng = seed;
+      std::vector<DecodeItem> items = {item(1, logits, params(t, 1, 1.0, seed), {}, &rng)};
+      const auto out = select(items);
+      ASSERT_FALSE(out[0].empty());
+      EXPECT_EQ(out[0][0], argmax(logits)) << "temperature " << t << " seed " << seed;
+    }
+  }
+}
+
+// Runs `steps` steps for sequences with the given seeds, batching them as `batches` says (per step,
+// which sequences go together and in what order); logits depend only on (sequence, step).
+std::map<SeqId, std::vector<int32_t>> generate(Decoder& d, const SamplingParams& base,
+                                               const std::map<SeqId, uint64_t>& seeds, int steps,
+                                               const std::vector<std::vector<SeqId>>& batches,
+                                               int64_t vocab = 1001, bool flat = false) {
+  std::map<SeqId, std::vector<int32_t>> out;
+  std::map<SeqId, uint64_t> rng;
+  for (const auto& [id, s] : seeds) rng[id] = s;
+  for (int step = 0; step < steps; ++step) {
+    for (const auto& batch : batches) {
+      std::vector<std::vector<float>> logits;
+      for (SeqId id : batch) {
+        logits.push_back(flat ? std::vector<float>(size_t(vocab), 0.0f)
+                              : random_floats(size_t(vocab), id * 10007 + uint64_t(step), -4, 4));
+      }
+      std::vector<DecodeItem> items;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        SamplingParams p = base;
+        p.seed = seeds.at(batch[i]);
+        items.push_back(item(batch[i], logits[i], p, out[batch[i]], &rng[batch[i]]));
+      }
+      d.select(items);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        EXPECT_FALSE(items[i].tokens.empty());
+        for (int32_t t : items[i].tokens) {
+          EXPECT_GE(t, 0);
+          EXPECT_LT(t, vocab);
+          out[batch[i]].push_back(t);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_P(DecoderConformance, SameSeedSameTokensWhateverTheBatch) {
+  const std::map<SeqId, uint64_t> seeds = {{1, 42}, {2, 7}, {3, 42}};
+  for (const SamplingParams& p : {params(1.0), params(0.8, 50), params(1.2, 0, 0.9)}) {
+    SCOPED_TRACE("temperature " + std::to_string(p.temperature) + " top_k " + std::to_string(p.top_k) + " top_p " +
+                 std::to_string(p.top_p));
+    const auto together = generate(*decoder_, p, seeds, 24, {{1, 2, 3}});
+    const auto reordered = generate(*decoder_, p, seeds, 24, {{3, 1}, {2}});
+    const auto alone = generate(*decoder_, p, seeds, 24, {{2}, {1}, {3}});
+    EXPECT_EQ(together, reordered);
+    EXPECT_EQ(together, alone);
+  }
+}
+
+TEST_P(DecoderConformance, DifferentSeedsDifferOnAFlatDistribution) {
+  const auto out = generate(*decoder_, params(1.0), {{1, 1}, {2, 2}}, 20, {{1, 2}}, 1001, /*flat=*/true);
+  EXPECT_NE(out.at(1), out.at(2)) << "seeds 1 and 2 gave the same 20 tokens out of 1001 equally likely ones";
+  // A flat distribution should not keep producing one token either.
+  EXPECT_GT(std::set<int32_t>(out.at(1).begin(), out.at(1).end()).size(), 10u);
+}
+
+TEST_P(DecoderConformance, TokensStayInsideTheVocabulary) {
+  // Filters at their edges: tiny top_p keeps the top token, huge top_k is clamped, min_p, penalty.
+  std::vector<SamplingParams> all = {params(1.0, 0, 1e-9), params(2.0, 100000), params(0.5, 3, 0.5)};
+  SamplingParams mp = params(1.0);
+  mp.min_p = 0.9;
+  all.push_back(mp);
+  SamplingParams rep = params(0.7);
+  rep.repetition_penalty = 1.3;
+  all.push_back(rep);
+  for (const SamplingParams& p : all) {
+    for (int64_t vocab : {1, 2, 97}) {
+      generate(*decoder_, p, {{1, 3}, {2, 4}}, 8, {{1, 2}}, vocab);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Decoders, DecoderConformance, testing::ValuesIn(plugin_names(ComponentKind::decoder)),
+                         param_name);
+
+}  // namespace
+}  // namespace tessera
