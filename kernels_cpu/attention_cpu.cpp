@@ -1,5 +1,6 @@
-// Causal attention over paged KV for a ragged batch, flash-style: one pass over the keys with an
-// online softmax, no score matrix. Each key/value row is read once per query for its whole GQA group.
+// Causal attention over paged KV for a ragged batch, flash-style: keys are visited in blocks with an
+// online softmax, so no score matrix is materialised. Each key/value row is read once per query for
+// its whole GQA group. Scores, exponentials and the value sum are vectorised per block.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "kernels_cpu.h"
 #include "tessera/error.h"
+#include "vec_math_cpu.h"
 
 namespace tessera::cpu {
 
@@ -23,46 +25,51 @@ struct Task {
 
 constexpr int64_t kMaxGroup = 64;
 constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kKeyBlock = 64;
 
-void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t) {
+void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
   const int64_t hd = kv.head_dim;
   const int64_t group = a.n_heads / kv.n_kv_heads;
   const int64_t q_stride = a.n_heads * hd;
   const int64_t kv_stride = kv.token_stride();
   const int32_t* table = a.block_tables + s.block_table_offset;
-  const auto* kbase = static_cast<const float*>(kv.k);
-  const auto* vbase = static_cast<const float*>(kv.v);
+  const auto* kbase = static_cast<const float*>(kv.k) + t.kv_head * hd;
+  const auto* vbase = static_cast<const float*>(kv.v) + t.kv_head * hd;
   const int64_t first_pos = s.context_len - s.q_len;
 
   float m[kMaxGroup], l[kMaxGroup];
-  float acc[kMaxGroup * kMaxHeadDim];
+  alignas(32) float acc[kMaxGroup * kMaxHeadDim];
+  alignas(32) float scores[kKeyBlock];
+  const float* krows[kKeyBlock];
+  const float* vrows[kKeyBlock];
   for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
     const int64_t pos = first_pos + qi;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
     const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      m[g] = -INFINITY;
-      l[g] = 0.0f;
-      std::fill(acc + g * hd, acc + (g + 1) * hd, 0.0f);
-    }
-    for (int64_t key = lo; key <= pos; ++key) {
-      const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
-      const float* kr = kbase + slot * kv_stride + t.kv_head * hd;
-      const float* vr = vbase + slot * kv_stride + t.kv_head * hd;
+    std::fill(m, m + group, -INFINITY);
+    std::fill(l, l + group, 0.0f);
+    std::fill(acc, acc + group * hd, 0.0f);
+    for (int64_t b = lo; b <= pos; b += kKeyBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - b));
+      for (int j = 0; j < n; ++j) {
+        const int64_t key = b + j;
+        const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
+        krows[j] = kbase + slot * kv_stride;
+        vrows[j] = vbase + slot * kv_stride;
+      }
       for (int64_t g = 0; g < group; ++g) {
-        const float score = dot_f32(q + g * hd, kr, hd) * a.scale;
+        ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
+        const float block_max = *std::max_element(scores, scores + n);
+        const float new_m = std::max(m[g], block_max);
+        const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
         float* ag = acc + g * hd;
-        if (score > m[g]) {
-          const float correction = std::exp(m[g] - score);
-          l[g] = l[g] * correction + 1.0f;
-          for (int64_t d = 0; d < hd; ++d) ag[d] = ag[d] * correction + vr[d];
-          m[g] = score;
-        } else {
-          const float p = std::exp(score - m[g]);
-          l[g] += p;
-          for (int64_t d = 0; d < hd; ++d) ag[d] += p * vr[d];
+        if (correction != 1.0f) {
+          for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
         }
+        l[g] = l[g] * correction + ops.exp_shift(scores, n, new_m);
+        ops.weighted_sum(scores, vrows, n, hd, ag);
+        m[g] = new_m;
       }
     }
     float* out = a.out + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
@@ -83,23 +90,27 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
     throw Error("cpu attention: unsupported head layout (" + std::to_string(a.n_heads) + " heads, " +
                 std::to_string(kv.n_kv_heads) + " kv heads, head size " + std::to_string(kv.head_dim) + ")");
   }
+  const VecOps& ops = vec_ops();
   // Split work into (sequence, kv head, query chunk) tasks of similar size.
   thread_local std::vector<Task> tasks;
   tasks.clear();
   int64_t work = 0;
-  const int threads = omp_get_max_threads();
+  for (int64_t si = 0; si < a.n_seqs; ++si) work += int64_t(a.seqs[si].q_len) * a.seqs[si].context_len;
+  work *= a.n_heads * kv.head_dim;
+  const int threads = work > kParallelWork ? omp_get_max_threads() : 1;
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
     const int64_t chunk = std::max<int64_t>(1, (s.q_len + threads - 1) / threads);
     for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
-      for (int64_t q0 = 0; q0 < s.q_len; q0 += chunk) tasks.push_back({si, h, q0, std::min<int64_t>(s.q_len, q0 + chunk)});
+      for (int64_t q0 = 0; q0 < s.q_len; q0 += chunk) {
+        tasks.push_back({si, h, q0, std::min<int64_t>(s.q_len, q0 + chunk)});
+      }
     }
-    work += int64_t(s.q_len) * s.context_len * a.n_heads * kv.head_dim;
   }
   const auto n = static_cast<int64_t>(tasks.size());
   const std::vector<Task>& list = tasks;
-#pragma omp parallel for schedule(dynamic, 1) if (work > kParallelWork)
-  for (int64_t i = 0; i < n; ++i) run_task(a, kv, list[size_t(i)]);
+#pragma omp parallel for schedule(dynamic, 1) if (threads > 1)
+  for (int64_t i = 0; i < n; ++i) run_task(a, kv, list[size_t(i)], ops);
 }
 
 }  // namespace tessera::cpu
