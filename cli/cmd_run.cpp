@@ -80,6 +80,7 @@ void run(const RunArgs& args) {
       j["completion_token_ids"] = r.tokens;
       j["completion_text"] = tok.decode(r.tokens);
       j["finish_reason"] = finish_reason_name(r.reason);
+      if (!r.error.empty()) j["error"] = r.error;
       j["timings"] = {{"prefill_seconds", prefill_s},
                       {"decode_seconds", decode_s},
                       {"prefill_tokens_per_s", prefill_tps},
@@ -95,8 +96,12 @@ void run(const RunArgs& args) {
       std::cerr << "[" << r.prompt.size() << " prompt tokens at " << static_cast<int64_t>(prefill_tps)
                 << " tok/s, " << r.tokens.size() << " generated at " << static_cast<int64_t>(decode_tps)
                 << " tok/s, finish: " << finish_reason_name(r.reason) << "]\n";
+      if (!r.error.empty()) std::cerr << "error: " << r.error << "\n";
       if (i + 1 < results.size()) std::cout << "\n";
     }
+  }
+  for (const auto& r : results) {
+    if (r.reason == FinishReason::error) throw Error("a request failed: " + r.error);
   }
 }
 

@@ -13,6 +13,7 @@ std::string_view finish_reason_name(FinishReason r) {
     case FinishReason::stop: return "stop";
     case FinishReason::length: return "length";
     case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
   }
   return "?";
 }
@@ -175,8 +176,13 @@ bool Engine::step() {
   }
   if (plan.work.empty()) {
     if (running_.empty() && !waiting_.empty()) {
-      throw Error("the scheduler admitted nothing although no request is running: the KV cache cannot hold the "
-                  "oldest waiting request (" + std::to_string(waiting_.front()->tokens.size()) + " tokens)");
+      // Nothing runs and the oldest request was not admitted: even an empty cache cannot hold it. Fail
+      // that request alone; the others go on.
+      Sequence& s = *waiting_.front();
+      s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
+                       " tokens); give the cache more memory or a longer max_len";
+      finish(s, FinishReason::error);
+      waiting_.erase(waiting_.begin());
     }
     return !running_.empty() || !waiting_.empty();
   }

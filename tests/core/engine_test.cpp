@@ -131,3 +131,34 @@ TEST(Engine, SameSeedSameOutputWhateverTheBatch) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
+  auto p = test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "contiguous"}, {"max_len", 16}}}});
+  Engine engine(*p);
+  GenerationRequest big;
+  big.prompt.assign(20, 300);
+  big.prompt[0] = 1;
+  big.max_tokens = 4;
+  const RequestId bad = engine.submit(big);
+  GenerationRequest small;
+  small.prompt = {1, 403, 407, 261, 378};
+  small.max_tokens = 8;
+  const RequestId good = engine.submit(small);
+  engine.run_until_idle();
+  for (const auto& r : engine.take_finished()) {
+    if (r.id == bad) {
+      EXPECT_EQ(r.reason, FinishReason::error);
+      EXPECT_NE(r.error.find("cannot hold this request (20 tokens)"), std::string::npos) << r.error;
+    } else {
+      EXPECT_EQ(r.id, good);
+      EXPECT_EQ(r.tokens, (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
+      EXPECT_EQ(r.reason, FinishReason::length);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -17,7 +17,7 @@ namespace tessera {
 
 using RequestId = SeqId;
 
-enum class FinishReason : uint8_t { none, stop, length, cancelled };
+enum class FinishReason : uint8_t { none, stop, length, cancelled, error };
 std::string_view finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
@@ -43,6 +43,7 @@ struct GenerationResult {
   double first_token = 0;
   double finished = 0;
   int64_t preemptions = 0;
+  std::string error;  // why the request failed (reason == error)
 };
 
 struct EngineStats {
