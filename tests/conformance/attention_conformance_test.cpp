@@ -126,7 +126,9 @@ class Harness {
           std::vector<double> scores;
           for (int64_t key = 0; key <= pos; ++key) {
             double dot = 0;
-            for (int64_t d = 0; d < hd; ++d) dot += double(s.q[size_t(pos * q_row + h * hd + d)]) * s.k[size_t(key * kv_row + kh * hd + d)];
+            for (int64_t d = 0; d < hd; ++d) {
+              dot += double(s.q[size_t(pos * q_row + h * hd + d)]) * s.k[size_t(key * kv_row + kh * hd + d)];
+            }
             scores.push_back(key < lo ? -INFINITY : dot * scale);  // causal by construction, window by mask
           }
           const double mx = *std::max_element(scores.begin(), scores.end());
@@ -134,7 +136,9 @@ class Harness {
           for (double& x : scores) sum += (x = std::exp(x - mx));
           for (int64_t d = 0; d < hd; ++d) {
             double acc = 0;
-            for (int64_t key = 0; key <= pos; ++key) acc += scores[size_t(key)] * s.v[size_t(key * kv_row + kh * hd + d)];
+            for (int64_t key = 0; key <= pos; ++key) {
+              acc += scores[size_t(key)] * s.v[size_t(key * kv_row + kh * hd + d)];
+            }
             want[size_t(row * q_row + h * hd + d)] = acc / sum;
           }
         }
@@ -167,7 +171,9 @@ class Harness {
     }
     for (size_t sl = 0; sl < used.size(); ++sl) {
       if (used[sl]) continue;
-      for (int64_t e = 0; e < kv_row; ++e) stray += !std::isnan(kc[sl * size_t(kv_row) + size_t(e)]) || !std::isnan(vc[sl * size_t(kv_row) + size_t(e)]);
+      for (size_t e = sl * size_t(kv_row); e < (sl + 1) * size_t(kv_row); ++e) {
+        stray += !std::isnan(kc[e]) || !std::isnan(vc[e]);
+      }
     }
     EXPECT_EQ(wrong, 0u) << "K/V not stored at the slots the step gave";
     EXPECT_EQ(stray, 0u) << "K/V written to slots the step did not give";

@@ -74,23 +74,7 @@ Source make_source(DType t, int64_t rows, int64_t cols, uint64_t seed) {
 
 class QuantizerConformance : public testing::TestWithParam<std::string> {};
 
-void check_linears(Quantizer& q);
-
-TEST(QuantizerPlugins, AtLeastOneIsLoaded) {
-  EXPECT_FALSE(plugin_names(ComponentKind::quantizer).empty())
-      << "no quantizer plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
-}
-
-TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {
-  // Defaults first, then each declared choice (e.g. the target dtype) so every format is reached.
-  for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
-    SCOPED_TRACE(variant.label);
-    auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
-    ASSERT_NE(quantizer, nullptr);
-    check_linears(*quantizer);
-  }
-}
-
+// Every property of the Linears one quantizer makes, over sources, shapes and activations.
 void check_linears(Quantizer& q) {
   Backend& b = cpu();
   for (DType src : {DType::F32, DType::F16, DType::Q8_0}) {
@@ -152,6 +136,21 @@ void check_linears(Quantizer& q) {
         EXPECT_LT(normalized_rms_error(row2, want2), tolerance_for(format)) << "m=1, format " << format;
       }
     }
+  }
+}
+
+TEST(QuantizerPlugins, AtLeastOneIsLoaded) {
+  EXPECT_FALSE(plugin_names(ComponentKind::quantizer).empty())
+      << "no quantizer plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+}
+
+TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {
+  // Defaults first, then each declared choice (e.g. the target dtype) so every format is reached.
+  for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
+    SCOPED_TRACE(variant.label);
+    auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
+    ASSERT_NE(quantizer, nullptr);
+    check_linears(*quantizer);
   }
 }
 

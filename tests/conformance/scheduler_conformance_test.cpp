@@ -82,7 +82,8 @@ Outcome simulate(Scheduler& sched, const std::vector<Request>& reqs, BlockBudget
   size_t arrived = 0;
   int64_t idle = 0;
   std::vector<Request> pending = reqs;
-  std::stable_sort(pending.begin(), pending.end(), [](const Request& a, const Request& b) { return a.arrive_step < b.arrive_step; });
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Request& a, const Request& b) { return a.arrive_step < b.arrive_step; });
 
   for (int64_t step = 0; step < max_steps; ++step) {
     while (arrived < pending.size() && pending[arrived].arrive_step <= step) {
