@@ -18,7 +18,7 @@ ModelConfig read_model_config(const GgufFile& file) {
                 "' is not supported (supported: llama, mistral)");
   }
   const std::string a = c.architecture + ".";
-  if (const GgufValue* v = file.find("general.name"); v != nullptr) c.name = file.get_string("general.name");
+  if (file.find("general.name") != nullptr) c.name = file.get_string("general.name");
   c.n_layers = file.get_int(a + "block_count");
   c.dim = file.get_int(a + "embedding_length");
   c.n_heads = file.get_int(a + "attention.head_count");
@@ -65,8 +65,7 @@ struct Model::Layer {
 struct Model::Scratch {
   int64_t capacity = 0;  // tokens
   int64_t logit_capacity = 0;
-  DeviceBuffer x, xb, q, k, v, att, hb, hb2, ids, positions, slots, seqs, block_tables, logit_rows,
-      logits;
+  DeviceBuffer x, xb, q, k, v, att, hb, hb2, ids, positions, slots, seqs, block_tables, logits;
   std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
   std::vector<AttentionSeqDesc> host_seqs;
 };
@@ -177,7 +176,7 @@ std::vector<OpRequirement> Model::requirements() const {
           {Op::silu_mul, DType::F32, "model"}, {Op::add, DType::F32, "model"}};
 }
 
-void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache, int64_t n_tokens) {
+void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
   Scratch& s = *scratch_;
   s.host_ids.clear();
   s.host_positions.clear();
@@ -213,7 +212,6 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache, int64_t
     for (int64_t i = n - wanted; i < n; ++i) s.host_logit_rows.push_back(row + static_cast<int32_t>(i));
     row += static_cast<int32_t>(n);
   }
-  (void)n_tokens;
   auto up = [&](DeviceBuffer& buf, const auto& vec) {
     const size_t bytes = vec.size() * sizeof(vec[0]);
     buf.ensure(backend_, std::max<size_t>(bytes, 64));
@@ -250,7 +248,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     f32(s.hb2, c.ffn_dim);
     s.capacity = cap;
   }
-  upload_step(batch, cache, T);
+  upload_step(batch, cache);
   const auto* ids = s.ids.as<int32_t>();
   const auto* pos = s.positions.as<int32_t>();
   float* x = s.x.as<float>();

@@ -70,7 +70,7 @@ class Model {
 
  private:
   struct Layer;
-  void upload_step(std::span<const ForwardSeq> batch, Cache& cache, int64_t n_tokens);
+  void upload_step(std::span<const ForwardSeq> batch, Cache& cache);
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;
