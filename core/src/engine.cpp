@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 
 #include "tessera/error.h"
 
@@ -10,12 +11,19 @@ namespace tessera {
 std::string_view finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::none: return "none";
+    case FinishReason::eos: return "eos";
     case FinishReason::stop: return "stop";
     case FinishReason::length: return "length";
     case FinishReason::cancelled: return "cancelled";
     case FinishReason::error: return "error";
   }
   return "?";
+}
+
+std::vector<double> GenerationResult::inter_token_times() const {
+  std::vector<double> out;
+  for (size_t i = 1; i < token_times.size(); ++i) out.push_back(token_times[i] - token_times[i - 1]);
+  return out;
 }
 
 struct Engine::Sequence {
@@ -26,7 +34,7 @@ struct Engine::Sequence {
   int64_t max_total = 0;        // prompt + max_tokens, capped by the context
   uint64_t rng = 0;
   SamplingParams sampling;
-  bool cancelled = false;
+  bool done = false;
 
   SequenceInfo info() const {
     SequenceInfo i;
@@ -35,7 +43,7 @@ struct Engine::Sequence {
     i.total_tokens = static_cast<int64_t>(tokens.size());
     i.computed_tokens = computed;
     i.max_new_tokens = request.max_tokens;
-    i.expected_output = request.max_tokens;
+    i.expected_output = request.expected_output > 0 ? request.expected_output : request.max_tokens;
     i.priority = request.priority;
     i.arrival_time = result.submitted;
     return i;
@@ -83,6 +91,7 @@ class Engine::Budget final : public KvBudget {
 };
 
 Engine::Engine(Pipeline& pipeline) : pipeline_(pipeline), start_(std::chrono::steady_clock::now()) {}
+
 Engine::~Engine() {
   for (auto& s : running_) pipeline_.cache().release(s->result.id);
 }
@@ -101,96 +110,126 @@ Engine::Sequence* Engine::find(RequestId id) {
 }
 
 RequestId Engine::submit(GenerationRequest request) {
-  const int64_t ctx = pipeline_.model().config().context_length;
+  const ModelConfig& config = pipeline_.model().config();
   const auto n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw Error("the prompt is empty");
-  if (n >= ctx) {
-    throw Error("the prompt has " + std::to_string(n) + " tokens; the model's context is " + std::to_string(ctx) +
+  if (n >= config.context_length) {
+    throw Error("the prompt has " + std::to_string(n) + " tokens; the model's context is " +
+                std::to_string(config.context_length) +
                 " tokens, which must also leave room for at least one generated token");
   }
   if (request.max_tokens < 0) throw Error("max_tokens must be >= 0, got " + std::to_string(request.max_tokens));
-  const int64_t vocab = pipeline_.model().config().vocab;
   for (int32_t t : request.prompt) {
-    if (t < 0 || t >= vocab) {
+    if (t < 0 || t >= config.vocab) {
       throw Error("prompt token id " + std::to_string(t) + " is outside the vocabulary (0.." +
-                  std::to_string(vocab - 1) + ")");
+                  std::to_string(config.vocab - 1) + ")");
     }
   }
   auto s = std::make_unique<Sequence>();
   s->sampling = request.sampling ? *request.sampling : pipeline_.decoder().default_params();
   validate_sampling(s->sampling);
   s->rng = s->sampling.seed;
-  s->result.id = next_id_++;
   s->result.prompt = request.prompt;
-  s->result.submitted = now();
   s->tokens = request.prompt;
-  s->max_total = std::min(ctx, n + request.max_tokens);
+  s->max_total = std::min(config.context_length, n + request.max_tokens);
   s->request = std::move(request);
-  const RequestId id = s->result.id;
-  if (s->max_total == n) {
-    finish(*s, FinishReason::length);
-  } else {
-    waiting_.push_back(std::move(s));
-  }
+
+  std::lock_guard lock(mutex_);
+  const RequestId id = next_id_++;
+  s->result.id = id;
+  s->result.submitted = now();
+  incoming_.push_back(std::move(s));
   return id;
 }
 
 void Engine::cancel(RequestId id) {
-  if (Sequence* s = find(id)) s->cancelled = true;
+  std::lock_guard lock(mutex_);
+  cancels_.push_back(id);
 }
 
 void Engine::finish(Sequence& s, FinishReason reason) {
   pipeline_.cache().release(s.result.id);
+  s.done = true;
   s.result.reason = reason;
   s.result.finished = now();
+  std::lock_guard lock(mutex_);
   finished_.push_back(std::move(s.result));
 }
 
-bool Engine::step() {
-  // Cancelled requests leave before scheduling and give their blocks back.
-  for (auto* list : {&running_, &waiting_}) {
-    for (auto& s : *list) {
-      if (s->cancelled) finish(*s, FinishReason::cancelled);
-    }
-    std::erase_if(*list, [](const auto& s) { return s->cancelled; });
+void Engine::take_incoming() {
+  std::vector<std::unique_ptr<Sequence>> incoming;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard lock(mutex_);
+    incoming.swap(incoming_);
+    cancels.swap(cancels_);
   }
+  for (auto& s : incoming) waiting_.push_back(std::move(s));
+  for (RequestId id : cancels) {
+    if (Sequence* s = find(id)) finish(*s, FinishReason::cancelled);
+  }
+  // Requests with nothing to generate end here.
+  for (auto& s : waiting_) {
+    if (!s->done && int64_t(s->tokens.size()) >= s->max_total) finish(*s, FinishReason::length);
+  }
+  for (auto* list : {&running_, &waiting_}) std::erase_if(*list, [](const auto& s) { return s->done; });
+}
+
+bool Engine::step() {
+  take_incoming();
   if (running_.empty() && waiting_.empty()) return false;
 
   std::vector<SequenceInfo> waiting_info, running_info;
   for (auto& s : waiting_) waiting_info.push_back(s->info());
   for (auto& s : running_) running_info.push_back(s->info());
-  SchedulerView view{waiting_info, running_info, pipeline_.model().config().context_length};
+  SchedulerView view{waiting_info, running_info, pipeline_.model().config().context_length, now()};
   Cache& cache = pipeline_.cache();
   Budget budget(cache, *this);
   StepPlan plan = pipeline_.scheduler().schedule(view, budget);
 
   // Preempted sequences go back to the front of the queue and will recompute their KV.
-  for (SeqId id : plan.preempted) {
-    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->result.id == id; });
+  for (auto id = plan.preempted.rbegin(); id != plan.preempted.rend(); ++id) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->result.id == *id; });
     if (it == running_.end()) continue;
     (*it)->computed = 0;
     ++(*it)->result.preemptions;
-    ++stats_.preemptions;
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.preemptions;
+    }
     waiting_.insert(waiting_.begin(), std::move(*it));
     running_.erase(it);
   }
   if (plan.work.empty()) {
     if (running_.empty() && !waiting_.empty()) {
-      // Nothing runs and the oldest request was not admitted: even an empty cache cannot hold it. Fail
-      // that request alone; the others go on.
-      Sequence& s = *waiting_.front();
-      s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
-                       " tokens); give the cache more memory or a longer max_len";
-      finish(s, FinishReason::error);
-      waiting_.erase(waiting_.begin());
+      if (plan.retry_after > 0) {
+        // The scheduler is waiting on purpose (a batch filling up): don't spin.
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::min(plan.retry_after, 0.005)));
+      } else {
+        // Nothing runs and nothing was admitted: even an empty cache cannot hold the oldest request.
+        // Fail that request alone; the others go on.
+        Sequence& s = *waiting_.front();
+        s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
+                         " tokens); give the cache more memory or a longer max_len";
+        finish(s, FinishReason::error);
+        waiting_.erase(waiting_.begin());
+      }
     }
+    std::lock_guard lock(mutex_);
+    stats_.waiting = static_cast<int64_t>(waiting_.size());
+    stats_.running = static_cast<int64_t>(running_.size());
     return !running_.empty() || !waiting_.empty();
   }
-  if (!budget.plan()) throw Error("scheduler '" + pipeline_.spec().components.at(ComponentKind::scheduler).plugin +
-                                  "' scheduled work without reserving cache space");
+  if (!budget.plan()) {
+    throw Error("scheduler '" + pipeline_.spec().components.at(ComponentKind::scheduler).plugin +
+                "' scheduled work without reserving cache space");
+  }
   cache.commit(*budget.plan());
   for (const CacheGrant& g : budget.plan()->grants) {
-    if (Sequence* s = find(g.seq)) s->computed = std::max(s->computed, std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1));
+    // Prefix reuse: KV already present need not be computed (the last token always is, for logits).
+    if (Sequence* s = find(g.seq)) {
+      s->computed = std::max(s->computed, std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1));
+    }
   }
 
   // Admit newly scheduled sequences, then build the batch in plan order.
@@ -217,19 +256,25 @@ bool Engine::step() {
     batch_seqs.push_back(s);
   }
   pipeline_.model().forward(batch, pipeline_.attention(), cache, logits_);
-  ++stats_.steps;
+  decode(batch, batch_seqs);
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  std::lock_guard lock(mutex_);
+  stats_.waiting = static_cast<int64_t>(waiting_.size());
+  stats_.running = static_cast<int64_t>(running_.size());
+  return true;
+}
 
-  // Decode: one item per sequence that produced logits.
+void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequence*>& batch_seqs) {
+  Cache& cache = pipeline_.cache();
   std::vector<DecodeItem> items;
   std::vector<Sequence*> item_seqs;
   size_t row = 0;
+  int64_t prefill = 0;
   const int64_t vocab = pipeline_.model().config().vocab;
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence* s = batch_seqs[i];
     const int64_t n = int64_t(batch[i].tokens.size());
-    if (s->computed < int64_t(s->request.prompt.size())) {
-      stats_.prefill_tokens += std::min<int64_t>(n, int64_t(s->request.prompt.size()) - s->computed);
-    }
+    prefill += std::max<int64_t>(0, std::min<int64_t>(n, int64_t(s->request.prompt.size()) - s->computed));
     s->computed += n;
     cache.mark_computed(s->result.id, s->computed);
     if (batch[i].logit_rows == 0) continue;
@@ -247,35 +292,34 @@ bool Engine::step() {
   pipeline_.decoder().select(items);
 
   const int32_t eos = pipeline_.tokenizer().eos();
-  const double t_done = now();
+  const double t = now();
+  int64_t generated = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence* s = item_seqs[i];
     FinishReason reason = FinishReason::none;
     for (int32_t tok : items[i].tokens) {
       s->tokens.push_back(tok);
       s->result.tokens.push_back(tok);
-      ++stats_.decode_tokens;
-      if (s->result.first_token == 0) s->result.first_token = t_done;
+      s->result.token_times.push_back(t);
+      ++generated;
+      if (s->result.first_token == 0) s->result.first_token = t;
       if (s->request.on_token) s->request.on_token(s->result.id, tok);
-      const bool stop = (!s->request.ignore_eos && tok == eos) ||
-                        std::find(s->request.stop_tokens.begin(), s->request.stop_tokens.end(), tok) !=
-                            s->request.stop_tokens.end();
-      if (stop) {
+      const auto& stops = s->request.stop_tokens;
+      if (!s->request.ignore_eos && tok == eos) {
+        reason = FinishReason::eos;
+      } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
         reason = FinishReason::stop;
-        break;
-      }
-      if (int64_t(s->tokens.size()) >= s->max_total) {
+      } else if (int64_t(s->tokens.size()) >= s->max_total) {
         reason = FinishReason::length;
-        break;
       }
+      if (reason != FinishReason::none) break;
     }
-    if (reason != FinishReason::none) {
-      finish(*s, reason);
-      s->cancelled = true;  // removed below
-    }
+    if (reason != FinishReason::none) finish(*s, reason);
   }
-  std::erase_if(running_, [](const auto& s) { return s->cancelled; });
-  return true;
+  std::lock_guard lock(mutex_);
+  ++stats_.steps;
+  stats_.prefill_tokens += prefill;
+  stats_.decode_tokens += generated;
 }
 
 void Engine::run_until_idle() {
@@ -284,15 +328,16 @@ void Engine::run_until_idle() {
 }
 
 std::vector<GenerationResult> Engine::take_finished() {
+  std::lock_guard lock(mutex_);
   std::vector<GenerationResult> out;
   out.swap(finished_);
   return out;
 }
 
 EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
   EngineStats s = stats_;
-  s.waiting = static_cast<int64_t>(waiting_.size());
-  s.running = static_cast<int64_t>(running_.size());
+  s.waiting += static_cast<int64_t>(incoming_.size());
   return s;
 }
 

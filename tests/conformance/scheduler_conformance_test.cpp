@@ -104,7 +104,9 @@ Outcome simulate(Scheduler& sched, const std::vector<Request>& reqs, BlockBudget
     budget.running_.clear();
     for (const auto& s : running) budget.running_.insert(s.id);
 
-    const SchedulerView view{waiting, running, 512};
+    // One step is one second of engine clock, so a scheduler waiting for a batch to fill (retry_after)
+    // sees its timeout pass.
+    const SchedulerView view{waiting, running, 512, double(step) + 0.5};
     const StepPlan plan = sched.schedule(view, budget);
     const std::string at = "step " + std::to_string(step) + ": ";
 

@@ -1,11 +1,13 @@
 // The engine: a request queue and the step loop. Each step the scheduler picks the work, the cache
 // provides blocks, the model runs one ragged batch and the decoder picks tokens, which are streamed
-// to their requests. Single-threaded: callers that serve from several threads serialise access.
+// to their requests. submit(), cancel(), take_finished() and stats() may be called from any thread;
+// step() runs on one thread at a time, and token callbacks run on that thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,12 +19,14 @@ namespace tessera {
 
 using RequestId = SeqId;
 
-enum class FinishReason : uint8_t { none, stop, length, cancelled, error };
+// eos: the model's end token; stop: a caller's stop token; length: max_tokens or the context.
+enum class FinishReason : uint8_t { none, eos, stop, length, cancelled, error };
 std::string_view finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (with BOS where the model wants it)
   int64_t max_tokens = 128;
+  int64_t expected_output = 0;  // hint for length-aware scheduling; 0 = max_tokens
   std::optional<SamplingParams> sampling;  // absent: the decoder's defaults
   std::string user = "anonymous";
   int32_t priority = 0;
@@ -42,8 +46,13 @@ struct GenerationResult {
   double admitted = 0;     // first scheduled
   double first_token = 0;
   double finished = 0;
+  std::vector<double> token_times;  // when each generated token was produced
   int64_t preemptions = 0;
   std::string error;  // why the request failed (reason == error)
+
+  double queue_time() const { return admitted > 0 ? admitted - submitted : 0; }
+  double ttft() const { return first_token > 0 ? first_token - submitted : 0; }
+  std::vector<double> inter_token_times() const;
 };
 
 struct EngineStats {
@@ -51,7 +60,7 @@ struct EngineStats {
   int64_t prefill_tokens = 0;  // prompt tokens computed (recomputation included)
   int64_t decode_tokens = 0;   // tokens generated
   int64_t preemptions = 0;
-  int64_t waiting = 0;
+  int64_t waiting = 0;  // as of the last step, plus requests submitted since
   int64_t running = 0;
 };
 
@@ -76,14 +85,21 @@ class Engine {
   class Budget;
   void finish(Sequence& s, FinishReason reason);
   Sequence* find(RequestId id);
+  void take_incoming();
+  void decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequence*>& batch_seqs);
 
   Pipeline& pipeline_;
   std::chrono::steady_clock::time_point start_;
+  // Shared with submitting threads (guarded by mutex_).
+  mutable std::mutex mutex_;
   RequestId next_id_ = 1;
-  std::vector<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<RequestId> cancels_;
   std::vector<GenerationResult> finished_;
   EngineStats stats_;
+  // Owned by the stepping thread.
+  std::vector<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
 };
 

@@ -26,6 +26,7 @@ struct SchedulerView {
   std::span<const SequenceInfo> waiting;  // arrival order (preempted sequences go back here)
   std::span<const SequenceInfo> running;  // admission order
   int64_t max_context = 0;
+  double now = 0;  // seconds, engine clock (same as arrival_time)
 };
 
 // Reservations made during one schedule() call; the engine commits them after it returns.
@@ -46,6 +47,9 @@ struct ScheduledWork {
 struct StepPlan {
   std::vector<ScheduledWork> work;
   std::vector<SeqId> preempted;  // running sequences to stop and recompute later
+  // With no work: > 0 means "deliberately waiting (e.g. for a batch to fill), ask again in this many
+  // seconds"; 0 means nothing could be admitted, which with nothing running is an error.
+  double retry_after = 0;
 };
 
 class Scheduler {

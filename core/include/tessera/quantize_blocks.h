@@ -1,0 +1,19 @@
+// Float rows to storage formats: the inverse of dequantize_row for the formats a writer needs.
+// Q8_0 and Q4_0 follow ggml's reference quantizers (quantize_row_q8_0_ref / _q4_0_ref), so files
+// written with them hold the same blocks llama.cpp would write for the same floats.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/dtype.h"
+
+namespace tessera {
+
+// True for the formats quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0.
+bool quantize_supported(DType t);
+
+// Converts n floats to one row of `t` at dst (dtype_row_bytes(t, n) bytes). Throws Error for other
+// formats or when n is not a whole number of blocks.
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+}  // namespace tessera

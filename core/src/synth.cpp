@@ -1,0 +1,367 @@
+// Synthetic llama models: preset shapes, a deterministic SentencePiece-style vocabulary and
+// seeded Gaussian weights, streamed through GgufWriter one tensor at a time.
+#include "tessera/synth.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <queue>
+#include <unordered_set>
+
+#include "tessera/error.h"
+#include "tessera/gguf_writer.h"
+#include "tessera/quantize_blocks.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space marker
+constexpr int64_t kMinVocab = 260;                 // 3 specials + 256 bytes + "▁"
+constexpr int64_t kMaxDim = int64_t(1) << 24;      // what read_model_config accepts
+
+// Weight scales (see write_synthetic_model).
+float env_or(const char* name, float v) { const char* e = std::getenv(name); return e ? std::strtof(e, nullptr) : v; }
+const float kEmbedStd = env_or("SYNTH_EMB", 1.0f);
+const float kLinearGain = env_or("SYNTH_GAIN", 1.0f);
+
+struct Preset {
+  const char* name;
+  int64_t dim, ffn, layers, heads, kv_heads, vocab, context;
+};
+constexpr Preset kPresets[] = {
+    {"tiny", 64, 172, 2, 4, 2, 512, 256},
+    {"110m", 768, 2048, 12, 12, 12, 32000, 1024},
+    {"110m-gqa", 768, 2048, 12, 12, 4, 32000, 1024},
+    {"1b", 2048, 5632, 22, 32, 4, 32000, 2048},
+};
+
+// ---- vocabulary ----
+
+// English letter frequencies (percent), anywhere in a word and at its start. They only steer which
+// letter strings become pieces, so that the vocabulary looks like a trained one (common short
+// pieces first) without shipping one.
+constexpr double kLetterFreq[26] = {8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.15, 0.77, 4.0, 2.4,
+                                    6.7, 7.5, 1.9, 0.1, 6.0, 6.3, 9.1, 2.8, 1.0, 2.4, 0.15, 2.0, 0.07};
+constexpr double kInitialFreq[26] = {11.7, 4.4, 5.2, 3.2, 2.8, 4.0, 1.6, 4.2, 7.3, 0.5, 0.9, 2.4, 3.8,
+                                     2.3, 7.6, 4.3, 0.2, 2.8, 6.7, 16.0, 1.2, 0.8, 5.5, 0.05, 0.8, 0.05};
+
+bool is_vowel(char c) {
+  c = static_cast<char>(c | 0x20);
+  return c == 'a' || c == 'e' || c == 'i' || c == 'o' || c == 'u' || c == 'y';
+}
+
+// A letter Markov chain: P(next | last) favours alternating vowels and consonants.
+struct LetterChain {
+  double p[26][26];
+  int order[26][26];  // next letters of each last letter, most likely first
+
+  LetterChain() {
+    for (int a = 0; a < 26; ++a) {
+      double sum = 0;
+      for (int b = 0; b < 26; ++b) {
+        double w = kLetterFreq[b] * (is_vowel(char('a' + a)) != is_vowel(char('a' + b)) ? 1.6 : 0.6);
+        if (a == 'q' - 'a') w = b == 'u' - 'a' ? 100.0 : 0.01;
+        p[a][b] = w;
+        sum += w;
+      }
+      for (int b = 0; b < 26; ++b) {
+        p[a][b] /= sum;
+        order[a][b] = b;
+      }
+      std::stable_sort(order[a], order[a] + 26, [&](int x, int y) { return p[a][x] > p[a][y]; });
+    }
+  }
+};
+
+// Best-first enumeration of letter strings by chain probability. Each node pushes its first child
+// and, when taken, its next sibling, so the queue stays as small as the vocabulary.
+struct Candidate {
+  double score;
+  double parent_score;
+  int rank;  // index of the last letter in the parent's order
+  std::string text;
+  bool operator<(const Candidate& o) const {  // priority_queue pops the largest
+    return score != o.score ? score < o.score : text > o.text;
+  }
+};
+
+Vocabulary build_vocabulary(int64_t size) {
+  Vocabulary v;
+  v.model = "llama";
+  v.unk = 0;
+  v.bos = 1;
+  v.eos = 2;
+  v.add_bos = true;
+  v.add_space_prefix = true;
+  v.tokens.reserve(static_cast<size_t>(size));
+  std::unordered_set<std::string> seen;
+  auto add = [&](std::string text, float score, int32_t type) {
+    if (static_cast<int64_t>(v.tokens.size()) >= size || !seen.insert(text).second) return;
+    v.tokens.push_back(std::move(text));
+    v.scores.push_back(score);
+    v.types.push_back(type);
+  };
+  add("<unk>", 0, kTokenUnknown);
+  add("<s>", 0, kTokenControl);
+  add("</s>", 0, kTokenControl);
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    add(buf, 0, kTokenByte);
+  }
+  int64_t rank = 0;
+  auto normal = [&](std::string text) { add(std::move(text), static_cast<float>(-rank++), kTokenNormal); };
+  normal(std::string(kSpace));
+  for (char c = 33; c < 127; ++c) normal(std::string(1, c));
+  for (char c = 33; c < 127; ++c) normal(std::string(kSpace) + c);
+
+  static const LetterChain chain;
+  std::priority_queue<Candidate> queue;
+  auto push_child = [&](const std::string& parent, double parent_score, int rank_in_parent) {
+    if (rank_in_parent >= 26) return;
+    const int last = (parent.back() | 0x20) - 'a';
+    const int next = chain.order[last][rank_in_parent];
+    queue.push({parent_score * chain.p[last][next], parent_score, rank_in_parent, parent + char('a' + next)});
+  };
+  // Roots: word-internal letters, word starts, capitalised word starts.
+  for (int c = 0; c < 26; ++c) {
+    push_child(std::string(1, char('a' + c)), kLetterFreq[c] / 100 * 0.5, 0);
+    push_child(std::string(kSpace) + char('a' + c), kInitialFreq[c] / 100, 0);
+    push_child(std::string(kSpace) + char('A' + c), kInitialFreq[c] / 100 * 0.15, 0);
+  }
+  while (static_cast<int64_t>(v.tokens.size()) < size) {
+    Candidate c = queue.top();
+    queue.pop();
+    push_child(c.text.substr(0, c.text.size() - 1), c.parent_score, c.rank + 1);
+    push_child(c.text, c.score, 0);
+    normal(std::move(c.text));
+  }
+  return v;
+}
+
+// ---- weights ----
+
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Per-tensor stream key: the seed and the tensor name, so a tensor's values do not depend on
+// which other tensors the model has (e.g. --layers 3 keeps layers 0-1 of the 2-layer model).
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return splitmix64(seed ^ splitmix64(h));
+}
+
+// Row r of a tensor: N(0, std^2) by Box-Muller, two values per 64-bit hash of (key, r, j). The
+// values depend only on (key, r, j), not on the thread count.
+void gaussian_row(uint64_t key, int64_t r, int64_t n, float std_dev, float* out) {
+  const uint64_t row_key = splitmix64(key + static_cast<uint64_t>(r) * 0xD1B54A32D192ED03ull);
+  constexpr float kTwoPi = 6.28318530717958647692f;
+  constexpr float kScale = 1.0f / 16777216.0f;  // 2^-24
+  for (int64_t j = 0; j < n; j += 2) {
+    const uint64_t h = splitmix64(row_key + static_cast<uint64_t>(j));
+    const float u1 = static_cast<float>((h >> 40) + 1) * kScale;  // (0, 1]: log stays finite
+    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFF) * kScale;
+    const float radius = std_dev * std::sqrt(-2.0f * std::log(u1));
+    out[j] = radius * std::cos(kTwoPi * u2);
+    if (j + 1 < n) out[j + 1] = radius * std::sin(kTwoPi * u2);
+  }
+}
+
+// Fills a [cols, rows] (ggml order) tensor of `dtype`, rows in parallel.
+void fill_gaussian(uint8_t* dst, int64_t rows, int64_t cols, DType dtype, uint64_t key, float std_dev) {
+  const size_t row_bytes = dtype_row_bytes(dtype, cols);
+#pragma omp parallel
+  {
+    std::vector<float> scratch(dtype == DType::F32 ? 0 : static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      uint8_t* out = dst + static_cast<size_t>(r) * row_bytes;
+      if (dtype == DType::F32) {
+        gaussian_row(key, r, cols, std_dev, reinterpret_cast<float*>(out));
+      } else {
+        gaussian_row(key, r, cols, std_dev, scratch.data());
+        quantize_row(dtype, scratch.data(), out, cols);
+      }
+    }
+  }
+}
+
+// Matrices keep the requested type unless their rows are not whole blocks (ffn 172 with Q8_0):
+// those stay F32, as llama.cpp falls back for tensors a block type cannot hold.
+DType matrix_dtype(DType want, int64_t row_length) {
+  return row_length % dtype_block_elems(want) == 0 ? want : DType::F32;
+}
+
+uint32_t file_type(DType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q4_0, MOSTLY_Q8_0, MOSTLY_BF16
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::Q4_0: return 2;
+    case DType::Q8_0: return 7;
+    case DType::BF16: return 32;
+    default: return 0;
+  }
+}
+
+std::string preset_list() {
+  std::string out;
+  for (const Preset& p : kPresets) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> synth_preset_names() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+SynthSpec synth_preset(const std::string& name) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      SynthSpec s;
+      s.preset = p.name;
+      s.dim = p.dim;
+      s.ffn_dim = p.ffn;
+      s.n_layers = p.layers;
+      s.n_heads = p.heads;
+      s.n_kv_heads = p.kv_heads;
+      s.vocab = p.vocab;
+      s.context_length = p.context;
+      return s;
+    }
+  }
+  throw Error("unknown synth preset '" + name + "' (presets: " + preset_list() + ")");
+}
+
+void validate_synth_spec(const SynthSpec& s) {
+  auto range = [](const char* field, int64_t v, int64_t lo) {
+    if (v < lo || v > kMaxDim) {
+      throw Error("synth: " + std::string(field) + " = " + std::to_string(v) + " is outside " +
+                  std::to_string(lo) + ".." + std::to_string(kMaxDim));
+    }
+  };
+  range("dim", s.dim, 2);
+  range("ffn_dim", s.ffn_dim, 1);
+  range("layers", s.n_layers, 1);
+  range("heads", s.n_heads, 1);
+  range("kv_heads", s.n_kv_heads, 1);
+  range("vocab", s.vocab, kMinVocab);
+  range("context_length", s.context_length, 1);
+  if (s.dim % s.n_heads != 0) {
+    throw Error("synth: heads = " + std::to_string(s.n_heads) + " does not divide dim = " + std::to_string(s.dim));
+  }
+  if (s.n_heads % s.n_kv_heads != 0) {
+    throw Error("synth: kv_heads = " + std::to_string(s.n_kv_heads) + " does not divide heads = " +
+                std::to_string(s.n_heads));
+  }
+  if ((s.dim / s.n_heads) % 2 != 0) {
+    throw Error("synth: the head size dim/heads = " + std::to_string(s.dim / s.n_heads) +
+                " must be even for RoPE");
+  }
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) {
+    throw Error("synth: rope_theta = " + std::to_string(s.rope_theta) + " must be positive");
+  }
+  if (!(s.rms_eps > 0) || !std::isfinite(s.rms_eps)) {
+    throw Error("synth: rms_eps = " + std::to_string(s.rms_eps) + " must be positive");
+  }
+  if (file_type(s.dtype) == 0 && s.dtype != DType::F32) {
+    throw Error("synth: dtype " + std::string(dtype_name(s.dtype)) +
+                " is not supported (supported: f32, f16, bf16, q8_0, q4_0)");
+  }
+}
+
+int64_t synth_parameter_count(const SynthSpec& s) {
+  const int64_t kv_dim = s.dim / s.n_heads * s.n_kv_heads;
+  const int64_t per_layer = 2 * s.dim + 2 * s.dim * s.dim + 2 * s.dim * kv_dim + 3 * s.dim * s.ffn_dim;
+  return s.dim * s.vocab * (s.tied_output ? 1 : 2) + s.n_layers * per_layer + s.dim;
+}
+
+Vocabulary synth_vocabulary(int64_t size) {
+  if (size < kMinVocab || size > kMaxDim) {
+    throw Error("synth: vocab = " + std::to_string(size) + " is outside " + std::to_string(kMinVocab) + ".." +
+                std::to_string(kMaxDim));
+  }
+  return build_vocabulary(size);
+}
+
+void write_synthetic_model(const SynthSpec& s, const std::string& path) {
+  validate_synth_spec(s);
+  const Vocabulary vocab = synth_vocabulary(s.vocab);
+  const int64_t head_dim = s.dim / s.n_heads;
+  const int64_t kv_dim = head_dim * s.n_kv_heads;
+
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", "tessera-synth-" + (s.preset.empty() ? std::string("custom") : s.preset));
+  w.add_uint32("general.file_type", file_type(s.dtype));
+  w.add_uint32("general.quantization_version", 2);
+  w.set_alignment(32);
+  w.add_uint32("llama.vocab_size", static_cast<uint32_t>(s.vocab));
+  w.add_uint32("llama.context_length", static_cast<uint32_t>(s.context_length));
+  w.add_uint32("llama.embedding_length", static_cast<uint32_t>(s.dim));
+  w.add_uint32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.add_uint32("llama.block_count", static_cast<uint32_t>(s.n_layers));
+  w.add_uint32("llama.attention.head_count", static_cast<uint32_t>(s.n_heads));
+  w.add_uint32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+  w.add_uint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.add_float32("llama.rope.freq_base", static_cast<float>(s.rope_theta));
+  w.add_float32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(s.rms_eps));
+  w.add_string("tokenizer.ggml.model", vocab.model);
+  w.add_string_array("tokenizer.ggml.tokens", vocab.tokens);
+  w.add_float32_array("tokenizer.ggml.scores", vocab.scores);
+  w.add_int32_array("tokenizer.ggml.token_type", vocab.types);
+  w.add_uint32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(vocab.unk));
+  w.add_uint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.bos));
+  w.add_uint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
+  w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos);
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+  w.add_bool("tokenizer.ggml.add_space_prefix", vocab.add_space_prefix);
+
+  // Scales keep activations O(1) through the residual stream: unit-ish embeddings so the current
+  // token shows in the logits, 1/sqrt(fan_in) linears (variance preserving), unit norms.
+  const uint64_t seed = s.seed;
+  auto matrix = [&](const std::string& name, int64_t in, int64_t out, float std_dev, DType want) {
+    const DType dt = matrix_dtype(want, in);
+    w.add_tensor(name, {in, out}, dt, [=](uint8_t* dst, size_t) {
+      fill_gaussian(dst, out, in, dt, tensor_key(seed, name), std_dev);
+    });
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out) {
+    matrix(name, in, out, kLinearGain / std::sqrt(static_cast<float>(in)), s.dtype);
+  };
+  auto norm = [&](const std::string& name) {
+    std::vector<uint8_t> ones(static_cast<size_t>(s.dim) * 4);
+    const float one = 1.0f;
+    for (int64_t i = 0; i < s.dim; ++i) std::memcpy(ones.data() + i * 4, &one, 4);
+    w.add_tensor(name, {s.dim}, DType::F32, std::move(ones));
+  };
+
+  matrix("token_embd.weight", s.dim, s.vocab, kEmbedStd, s.dtype);
+  for (int64_t i = 0; i < s.n_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    norm(p + "attn_norm.weight");
+    linear(p + "attn_q.weight", s.dim, s.dim);
+    linear(p + "attn_k.weight", s.dim, kv_dim);
+    linear(p + "attn_v.weight", s.dim, kv_dim);
+    linear(p + "attn_output.weight", s.dim, s.dim);
+    norm(p + "ffn_norm.weight");
+    linear(p + "ffn_gate.weight", s.dim, s.ffn_dim);
+    linear(p + "ffn_up.weight", s.dim, s.ffn_dim);
+    linear(p + "ffn_down.weight", s.ffn_dim, s.dim);
+  }
+  norm("output_norm.weight");
+  if (!s.tied_output) linear("output.weight", s.dim, s.vocab);
+  w.write(path);
+}
+
+}  // namespace tessera
