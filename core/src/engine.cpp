@@ -257,8 +257,9 @@ bool Engine::step() {
   }
   pipeline_.model().forward(batch, pipeline_.attention(), cache, logits_);
   decode(batch, batch_seqs);
-  std::erase_if(running_, [](const auto& s) { return s->done; });
   std::lock_guard lock(mutex_);
+  stats_.peak_running = std::max(stats_.peak_running, static_cast<int64_t>(running_.size()));
+  std::erase_if(running_, [](const auto& s) { return s->done; });
   stats_.waiting = static_cast<int64_t>(waiting_.size());
   stats_.running = static_cast<int64_t>(running_.size());
   return true;

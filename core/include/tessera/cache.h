@@ -64,8 +64,8 @@ struct CacheStats {
 class Cache {
  public:
   virtual ~Cache() = default;
-  // Allocates the pool on the backend; throws tessera::Error when it cannot hold one sequence of
-  // max_context tokens, naming the sizes.
+  // Allocates the pool on the backend; throws tessera::Error naming the sizes when the memory it was
+  // given cannot hold its smallest unit (a block, or a contiguous slot).
   virtual void configure(Backend& backend, const CacheGeometry& geometry) = 0;
   virtual std::optional<CachePlan> plan(std::span<const CacheRequest> requests) = 0;
   virtual void commit(const CachePlan& plan) = 0;

@@ -62,6 +62,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t waiting = 0;  // as of the last step, plus requests submitted since
   int64_t running = 0;
+  int64_t peak_running = 0;  // most sequences in one step
 };
 
 class Engine {
