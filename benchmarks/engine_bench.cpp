@@ -106,7 +106,10 @@ void BM_KvConcurrency(benchmark::State& state) {
   const std::string model = TESSERA_SOURCE_DIR "/../shared/models/stories260K/stories260K-f32.gguf";
   const nlohmann::json cache = paged ? nlohmann::json{{"plugin", "paged"}, {"block_size", 16}, {"memory", "2560KiB"}}
                                      : nlohmann::json{{"plugin", "contiguous"}, {"memory", "2560KiB"}};
-  auto p = pipeline(model, {{"cache", cache}, {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 256}, {"max_batch_tokens", 4096}}}});
+  const double reserve = double(state.range(1)) / 100.0;
+  auto p = pipeline(model, {{"cache", cache},
+                            {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 256}, {"max_batch_tokens", 4096},
+                                           {"admission_reserve", reserve}}}});
   std::mt19937_64 rng(11);
   std::uniform_int_distribution<int64_t> len(16, 256);
   for (auto _ : state) {
@@ -124,33 +127,52 @@ void BM_KvConcurrency(benchmark::State& state) {
     state.counters["peak_running"] = double(engine.stats().peak_running);
     state.counters["preemptions"] = double(engine.stats().preemptions);
   }
-  state.SetLabel(std::string(paged ? "paged" : "contiguous") + ", KV budget 2560KiB = 2048 tokens");
+  state.SetLabel(std::string(paged ? "paged" : "contiguous") + ", KV budget 2560KiB = 2048 tokens, admission_reserve " +
+                 std::to_string(reserve).substr(0, 4));
 }
-BENCHMARK(BM_KvConcurrency)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_KvConcurrency)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({1, 50})
+    ->Args({1, 100})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // P99 TTFT of short requests when 20% of requests ask for 512 output tokens: one queue against a
-// `long` queue with its own cap. Requests arrive in a burst; short ones want 32 tokens.
+// `long` queue with its own cap. Requests arrive at a steady rate (Poisson, seeded); short ones
+// want 32 tokens.
 void BM_ShortTtft(benchmark::State& state) {
   const bool queues = state.range(0) == 1;
-  nlohmann::json sched = {{"plugin", "continuous"}, {"max_seqs", 8}, {"max_batch_tokens", 512}};
-  if (queues) sched["queues"] = {{{"name", "long"}, {"min_expected_output", 200}, {"max_running", 2}}};
+  const double rate = double(state.range(1));  // requests per second
+  nlohmann::json sched = {{"plugin", "continuous"}, {"max_seqs", 4}, {"max_batch_tokens", 512}};
+  if (queues) sched["queues"] = {{{"name", "long"}, {"min_expected_output", 200}, {"max_running", 1}}};
   auto p = pipeline(env_or("TESSERA_BENCH_LONG_MODEL", decode_model()),
                     {{"cache", {{"plugin", "paged"}, {"memory", "1GiB"}}}, {"scheduler", sched}});
   std::mt19937_64 rng(5);
+  std::exponential_distribution<double> gap(rate);
+  constexpr int kRequests = 100;
   for (auto _ : state) {
     Engine engine(*p);
+    std::vector<double> arrivals;
+    double t = 0;
+    for (int i = 0; i < kRequests; ++i) arrivals.push_back(t += gap(rng));
     std::vector<bool> is_long;
-    for (int i = 0; i < 50; ++i) {
-      GenerationRequest req;
-      req.prompt = random_prompt(rng, 64, p->model().config().vocab);
-      const bool long_one = i % 5 == 0;  // 20%, spread through the burst
-      req.max_tokens = long_one ? 512 : 32;
-      req.ignore_eos = true;
-      is_long.push_back(long_one);
-      engine.submit(req);
-    }
     const double t0 = engine.now();
-    engine.run_until_idle();
+    size_t next = 0;
+    while (next < arrivals.size() || engine.step()) {
+      while (next < arrivals.size() && engine.now() - t0 >= arrivals[next]) {
+        GenerationRequest req;
+        req.prompt = random_prompt(rng, 64, p->model().config().vocab);
+        const bool long_one = next % 5 == 0;  // 20%
+        req.max_tokens = long_one ? 512 : 32;
+        req.ignore_eos = true;
+        is_long.push_back(long_one);
+        engine.submit(req);
+        ++next;
+      }
+      if (next < arrivals.size()) engine.step();
+    }
     const double wall = engine.now() - t0;
     std::vector<double> ttft;
     int64_t tokens = 0;
@@ -163,9 +185,11 @@ void BM_ShortTtft(benchmark::State& state) {
     state.counters["short_p50_ttft_ms"] = percentile(ttft, 0.50) * 1000;
     state.counters["tok_per_s"] = double(tokens) / wall;
   }
-  state.SetLabel(queues ? "long queue (>=200 expected, max_running 2)" : "single queue");
+  state.SetLabel(std::string(queues ? "long queue (>=200 expected, max_running 1)" : "single queue") + ", " +
+                 std::to_string(kRequests) + " requests at " + std::to_string(int(rate)) + "/s, max_seqs 4, " +
+                 p->model().config().name);
 }
-BENCHMARK(BM_ShortTtft)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ShortTtft)->Args({0, 60})->Args({1, 60})->Args({0, 100})->Args({1, 100})->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tessera

@@ -50,7 +50,13 @@ std::vector<Queue> parse_queues(const nlohmann::json& j) {
 class ContinuousScheduler final : public Scheduler {
  public:
   explicit ContinuousScheduler(const Params& p)
-      : max_batch_tokens_(p.get_int("max_batch_tokens")), max_seqs_(p.get_int("max_seqs")), queues_(parse_queues(p.get("queues"))) {
+      : max_batch_tokens_(p.get_int("max_batch_tokens")),
+        max_seqs_(p.get_int("max_seqs")),
+        admission_reserve_(p.get_float("admission_reserve")),
+        queues_(parse_queues(p.get("queues"))) {
+    if (!(admission_reserve_ >= 0 && admission_reserve_ <= 1)) {
+      throw Error("scheduler continuous: admission_reserve must be in [0, 1], got " + std::to_string(admission_reserve_));
+    }
     if (max_batch_tokens_ < 1) throw Error("scheduler continuous: max_batch_tokens must be >= 1, got " + std::to_string(max_batch_tokens_));
     if (max_seqs_ < 1) throw Error("scheduler continuous: max_seqs must be >= 1, got " + std::to_string(max_seqs_));
   }
@@ -92,7 +98,12 @@ class ContinuousScheduler final : public Scheduler {
         continue;  // its queue is full; shorter requests behind it may still go
       }
       const int64_t n = std::min(w->total_tokens - w->computed_tokens, tokens_left);
-      if (!budget.reserve(w->id, w->computed_tokens + n)) break;  // memory: the rest wait in order
+      // Room for part of the expected output too, so that admitted sequences can grow without
+      // preempting each other (recomputation costs more than waiting).
+      const int64_t still_expected = std::max<int64_t>(0, w->prompt_tokens + w->expected_output - w->total_tokens);
+      const auto lookahead = static_cast<int64_t>(admission_reserve_ * double(still_expected));
+      const int64_t reserve = std::min(w->computed_tokens + n + lookahead, view.max_context);
+      if (!budget.reserve(w->id, reserve)) break;  // memory: the rest wait in order
       plan.work.push_back({w->id, n});
       tokens_left -= n;
       ++seqs;
@@ -122,6 +133,7 @@ class ContinuousScheduler final : public Scheduler {
 
   int64_t max_batch_tokens_;
   int64_t max_seqs_;
+  double admission_reserve_;
   std::vector<Queue> queues_;
 };
 
@@ -131,6 +143,10 @@ void register_continuous(Registrar& r) {
       "Iteration-level batching with chunked prefill, length-aware queues, priorities and preemption by recompute",
       {{"max_batch_tokens", ParamType::integer, 512, "tokens per step (decode tokens + prefill chunks)", {}},
        {"max_seqs", ParamType::integer, 32, "sequences running at once", {}},
+       {"admission_reserve", ParamType::number, 0.5,
+        "share of a new request's expected output whose KV must also fit before it is admitted "
+        "(0 = admit on the prompt alone, most concurrency; 1 = never preempt for growth)",
+        {}},
        {"queues", ParamType::object, nlohmann::json::array(),
         "length-aware queues: [{name, min_expected_output, max_running}]; a request joins the queue with the highest "
         "min_expected_output it reaches (expected output = its hint or max_tokens); others share the default queue",
