@@ -89,7 +89,8 @@ void run(const RunArgs& args) {
       j["pipeline"] = pipeline->describe();
       j["model"] = pipeline->model_path();
       j["weight_bytes"] = pipeline->model().weight_bytes();
-      std::cout << j.dump() << "\n";
+      // Generated text may end inside a UTF-8 sequence: replace what cannot be encoded.
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
       if (!stream) std::cout << prompts[i] << tok.decode(r.tokens);
       std::cout << "\n";

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_run_command(app);
   tessera::cli::add_plugins_command(app);
   tessera::cli::add_eval_command(app);
+  tessera::cli::add_synth_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

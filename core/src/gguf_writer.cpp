@@ -53,7 +53,7 @@ std::string array(GgufType elem, std::span<const T> v) {
 // Owns the temporary file: closes it, and removes it unless commit() renamed it into place.
 class TempFile {
  public:
-  TempFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+  explicit TempFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(path_ + ": cannot create " + tmp_ + ": " + std::strerror(errno));
   }
@@ -265,7 +265,7 @@ void GgufWriter::write(const std::string& path) const {
       buf.resize(t.nbytes);
       try {
         t.fill(buf.data(), t.nbytes);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         if (pending.valid()) pending.wait();
         throw Error(path + ": tensor '" + t.name + "': " + e.what());
       }

@@ -13,6 +13,15 @@ namespace {
 
 void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+// roundf (halves away from zero) for |v| < 2^31 without the libm call, which dominated Q8_0.
+int round_half_away(float v) {
+  int t = static_cast<int>(v);  // toward zero; v - t is exact
+  const float frac = v - static_cast<float>(t);
+  if (frac >= 0.5f) ++t;
+  else if (frac <= -0.5f) --t;
+  return t;
+}
+
 // Block of 32: d = amax / 127, q = round(x / d). Like ggml, the quants use 1/d in f32 and only the
 // stored scale is rounded to fp16.
 void quantize_q8_0(const float* x, uint8_t* out, int64_t n) {
@@ -23,7 +32,7 @@ void quantize_q8_0(const float* x, uint8_t* out, int64_t n) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     store_u16(out, f32_to_fp16(d));
     auto* q = reinterpret_cast<int8_t*>(out + 2);
-    for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::lround(x[i] * id));
+    for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(round_half_away(x[i] * id));
   }
 }
 

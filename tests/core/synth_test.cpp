@@ -188,7 +188,8 @@ TEST(GgufWriter, EveryValueTypeAndTensorTypeRoundTripsThroughGgufFile) {
     EXPECT_EQ(t.name, cases[i].name);
     EXPECT_EQ(t.shape, cases[i].shape);
     EXPECT_EQ(t.dtype, cases[i].dtype);
-    EXPECT_EQ(t.offset % 64, 0u);
+    // Packed in order with padding between, as ggml's reader requires (offset = running sum).
+    EXPECT_EQ(t.offset, (end_of_previous + 63) / 64 * 64);
     ASSERT_EQ(t.nbytes, data[i].size());
     EXPECT_EQ(std::memcmp(t.data, data[i].data(), t.nbytes), 0);
     // The gap before each tensor (alignment padding) is zero.
@@ -679,27 +680,3 @@ TEST(SynthCommand, WritesAModelAndPrintsASummary) {
 
 }  // namespace
 }  // namespace tessera
-namespace tessera { namespace {
-TEST(SynthTune, DISABLED_Tune) {
-  SynthSpec spec = synth_preset(std::getenv("P"));
-  spec.tied_output = std::getenv("TIED") != nullptr;
-  if (std::getenv("DT")) spec.dtype = std::string(std::getenv("DT")) == "q4" ? DType::Q4_0 : DType::Q8_0;
-  write_synthetic_model(spec, "/tmp/h4/out/tune.gguf");
-  auto p = test::cpu_pipeline("/tmp/h4/out/tune.gguf");
-  for (const char* text : {"Once upon a time", "The quick brown fox", "x"}) {
-    const auto prompt = p->tokenizer().encode(text, true);
-    const auto out = greedy(*p, prompt, 50);
-    std::vector<int32_t> all = prompt; all.insert(all.end(), out.begin(), out.end());
-    const auto logits = all_logits(*p, all);
-    double sdsum = 0, mx = 0;
-    for (size_t row = 0; row < all.size(); ++row) {
-      const float* l = logits.data() + row * spec.vocab;
-      double s = 0, q = 0;
-      for (int64_t i = 0; i < spec.vocab; ++i) { s += l[i]; q += double(l[i]) * l[i]; mx = std::max(mx, double(std::fabs(l[i]))); }
-      sdsum += std::sqrt(q / spec.vocab - (s / spec.vocab) * (s / spec.vocab));
-    }
-    std::printf("%-22s distinct %zu  logit sd %.2f max %.1f  %s\n", text, std::set<int32_t>(out.begin(), out.end()).size(),
-                sdsum / all.size(), mx, ::testing::PrintToString(std::vector<int32_t>(out.begin(), out.begin() + 16)).c_str());
-  }
-}
-}}

@@ -1,6 +1,7 @@
-// Writes GGUF v3 files (little-endian) that GgufFile and other GGUF readers (llama.cpp's gguf,
-// the gguf Python/JS packages) accept: metadata of every value type, tensor infos, then tensor data
-// at offsets aligned to general.alignment (default 32) with zeroed padding.
+// Writes GGUF v3 files (little-endian) to the letter of the spec, so that GgufFile and other
+// readers accept them: metadata of every value type, tensor infos, then the tensors packed in
+// order (as ggml's reader requires) at offsets aligned to general.alignment (default 32), with
+// zeroed padding after each one.
 //
 // Tensor data can be given as bytes or as a callback that fills the tensor's bytes when write()
 // reaches it, so a multi-gigabyte model is streamed one tensor at a time. write() goes to
