@@ -1,6 +1,9 @@
 // Helpers shared by the tests: the real plugin directory, models and golden files.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -27,6 +30,32 @@ inline const Registry& plugins() {
   }();
   return *registry;
 }
+
+// A fresh directory under the system temp folder, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tessera_test_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw Error("cannot create a temporary directory");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  // Writes `bytes` to path()/name and returns the file's path.
+  std::string write(const std::string& name, const std::string& bytes) const {
+    const std::string file = path_ + "/" + name;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    return file;
+  }
+
+ private:
+  std::string path_;
+};
 
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);

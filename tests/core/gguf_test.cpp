@@ -2,6 +2,8 @@
 // files that must be refused with an error naming the file and the byte offset.
 #include "tessera/gguf.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -83,18 +85,7 @@ struct GgufBuilder {
 
 class GgufTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tessera_gguf_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-    return path;
-  }
+  std::string write(const std::string& name, const std::string& bytes) { return tmp_.write(name, bytes); }
 
   // Asserts that opening `bytes` fails with a message naming the file, "offset" and `needle`.
   void expect_refused(const std::string& bytes, const std::string& needle, const std::string& name = "bad.gguf") {
@@ -110,7 +101,8 @@ class GgufTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  test::TempDir tmp_;
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(GgufTest, LoadsStories260KF32) {

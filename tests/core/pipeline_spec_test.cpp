@@ -13,17 +13,7 @@ namespace fs = std::filesystem;
 
 class PipelineSpecTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tessera_pipeline_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
+  std::string write(const std::string& name, const std::string& text) { return tmp_.write(name, text); }
 
   // The error from loading and validating `text`, or "" when it is accepted.
   std::string error_of(const std::string& text) {
@@ -36,7 +26,8 @@ class PipelineSpecTest : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(PipelineSpecTest, ReadsEveryComponentAndFillsDefaults) {

@@ -2,6 +2,8 @@
 // and vocabulary loading errors.
 #include "tessera/tokenizer.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -283,12 +285,6 @@ std::string enc_str(std::string_view s) { return enc<uint64_t>(s.size()) + std::
 
 class VocabFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tessera_tok_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   void kv(const std::string& key, GgufType t, const std::string& payload) {
     kvs_.push_back(enc_str(key) + enc<uint32_t>(static_cast<uint32_t>(t)) + payload);
@@ -317,7 +313,9 @@ class VocabFileTest : public ::testing::Test {
     return "";
   }
 
-  std::string dir_, path_;
+  test::TempDir tmp_;
+  const std::string dir_ = tmp_.path();
+  std::string path_;
   std::vector<std::string> kvs_;
 };
 
