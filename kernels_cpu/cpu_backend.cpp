@@ -53,7 +53,7 @@ class CpuBackend final : public Backend {
   bool supports(Op op, DType dtype) const override {
     switch (op) {
       case Op::gemm: return gemm_supports(dtype);
-      case Op::embedding: return gemm_supports(dtype);
+      case Op::embedding: return gemm_supports(dtype) && dtype != DType::I8 && dtype != DType::I4;
       case Op::kv_write:
       case Op::attention: return dtype == DType::F32;
       default: return dtype == DType::F32;

@@ -102,7 +102,9 @@ bool gemm_supports(DType dtype) {
     case DType::Q8_0:
     case DType::Q4_0:
     case DType::Q4_K:
-    case DType::Q6_K: return true;
+    case DType::Q6_K:
+    case DType::I8:
+    case DType::I4: return true;
     default: return false;
   }
 }
@@ -111,6 +113,8 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   if (!gemm_supports(w.dtype)) {
     throw Error("cpu gemm does not support " + std::string(dtype_name(w.dtype)) + " weights");
   }
+  if (w.dtype == DType::I8) return gemm_i8(x, m, w, y);
+  if (w.dtype == DType::I4) return gemm_i4(x, m, w, y);
   const int64_t n = w.rows;
   const int64_t work = m * n * w.cols;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;

@@ -17,6 +17,10 @@ bool has_avx2();
 
 void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);
 void gemm(const float* x, int64_t m, const WeightView& w, float* y);
+// Integer-weight GEMMs behind gemm(): W8A8 with per-token dynamic activation quantization, and
+// group-wise int4 unpacked in registers.
+void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y);
+void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

@@ -10,7 +10,12 @@
 namespace tessera {
 
 // A 2-D weight matrix W[rows][cols] (rows = output features) as the backend stores it.
-// Quantized formats may carry per-row or per-group scales beside the packed data.
+// Quantized formats may carry per-row or per-group scales beside the packed data:
+//   I8 (W8A8): data int8 [rows][cols], scales float [rows] (symmetric, per output channel);
+//              activations are quantized per token inside the kernel.
+//   I4:        data packed two per byte, low nibble first, [rows][cols/2]; scales float
+//              [rows][cols/group_size]; zeros (asymmetric) float [rows][cols/group_size] or null
+//              (symmetric: value = (q - 8) * scale; asymmetric: value = (q - zero) * scale).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::F32;
