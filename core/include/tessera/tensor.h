@@ -24,6 +24,7 @@ struct WeightView {
   const float* scales = nullptr;  // per-row/per-group scales for formats that keep them apart
   const float* zeros = nullptr;   // asymmetric formats: per-group zero points
   int64_t group_size = 0;         // elements per scale group; 0 = per row
+  int32_t kernel_variant = 0;     // backend-specific implementation choice; 0 = the backend's default
 };
 
 // A contiguous float activation matrix [rows][cols] in backend memory.
