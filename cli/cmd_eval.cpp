@@ -1,4 +1,5 @@
-// tessera eval: perplexity of a pipeline on a text file.
+// tessera eval: perplexity of a pipeline on a text file and, with --baseline, how far it moves
+// from a baseline pipeline (perplexity delta, teacher-forced and greedy agreement).
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -14,32 +15,109 @@ namespace {
 
 struct EvalArgs {
   PipelineArgs pipeline;
+  std::string baseline;        // pipeline file
+  std::string baseline_model;  // overrides the baseline's model (default: -m, if given)
   std::string text;
+  std::string prompts_file;
   int64_t ctx = 128;
+  int64_t greedy_tokens = 96;
   std::string format = "text";
 };
 
-void eval(const EvalArgs& args) {
-  std::ifstream in(args.text, std::ios::binary);
-  if (!in) throw Error(args.text + ": cannot open the text file");
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the " + what);
   std::stringstream ss;
   ss << in.rdbuf();
+  return ss.str();
+}
+
+// Prompts for greedy agreement: a JSON list (strings, or objects with "prompt" as in the golden
+// files) or a text file with one prompt per line.
+std::vector<std::string> load_prompts(const std::string& path) {
+  if (path.empty()) {
+    return {"Once upon a time", "The little dog", "One day, a girl named", "Tom and his friend", "In the park"};
+  }
+  const std::string text = read_file(path, "prompts file");
+  std::vector<std::string> out;
+  if (!text.empty() && (text[0] == '[' || text[0] == '{')) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(path + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+    }
+    if (!j.is_array()) throw Error(path + ": expected a JSON list of prompts");
+    for (const auto& item : j) {
+      if (item.is_string()) out.push_back(item.get<std::string>());
+      else if (item.is_object() && item.contains("prompt") && item["prompt"].is_string()) out.push_back(item["prompt"]);
+      else throw Error(path + ": each prompt must be a string or an object with a \"prompt\" string, got " + item.dump());
+    }
+  } else {
+    std::stringstream ss(text);
+    std::string line;
+    while (std::getline(ss, line)) {
+      if (!line.empty()) out.push_back(line);
+    }
+  }
+  if (out.empty()) throw Error(path + ": no prompts");
+  return out;
+}
+
+void eval(const EvalArgs& args) {
+  const std::string text = read_file(args.text, "text file");
   Registry registry;
   load_plugins(registry);
   auto pipeline = build_pipeline(registry, args.pipeline);
   const Tokenizer& tok = pipeline->tokenizer();
-  const std::vector<int32_t> tokens = tok.encode(ss.str(), true);
+  const std::vector<int32_t> tokens = tok.encode(text, true);
   const PerplexityResult r = perplexity(*pipeline, tokens, args.ctx);
+
+  nlohmann::json j = {{"pipeline", pipeline->describe()},  {"model", pipeline->model_path()},
+                      {"weights", pipeline->model().weight_formats()},
+                      {"weight_bytes", pipeline->model().weight_bytes()},
+                      {"text", args.text},                {"tokens", tokens.size()},
+                      {"ctx", args.ctx},                  {"chunks", r.chunks},
+                      {"scored_tokens", r.scored_tokens}, {"perplexity", r.perplexity},
+                      {"mean_nll", r.mean_nll},           {"seconds", r.seconds}};
+  if (!args.baseline.empty()) {
+    PipelineArgs base_args = args.pipeline;
+    base_args.pipeline = args.baseline;
+    if (!args.baseline_model.empty()) base_args.model = args.baseline_model;
+    auto baseline = build_pipeline(registry, base_args);
+    if (baseline->tokenizer().vocab_size() != tok.vocab_size()) {
+      throw Error("the baseline's vocabulary (" + std::to_string(baseline->tokenizer().vocab_size()) +
+                  " tokens) differs from the pipeline's (" + std::to_string(tok.vocab_size()) + "): not comparable");
+    }
+    const PerplexityResult b = perplexity(*baseline, tokens, args.ctx);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& p : load_prompts(args.prompts_file)) prompts.push_back(tok.encode(p, true));
+    const GreedyAgreement g = greedy_agreement(*pipeline, *baseline, prompts, args.greedy_tokens);
+    j["baseline"] = {{"pipeline", baseline->describe()}, {"model", baseline->model_path()},
+                     {"weights", baseline->model().weight_formats()},
+                     {"weight_bytes", baseline->model().weight_bytes()}, {"perplexity", b.perplexity}};
+    j["perplexity_delta"] = r.perplexity - b.perplexity;
+    j["perplexity_delta_percent"] = 100.0 * (r.perplexity - b.perplexity) / b.perplexity;
+    j["teacher_forced_agreement"] = teacher_forced_agreement(r, b);
+    j["greedy_agreement"] = g.share;
+    j["greedy_prefix_per_prompt"] = g.prefix;
+    j["greedy_tokens_per_prompt"] = g.tokens_per_prompt;
+  }
+
   if (args.format == "json") {
-    nlohmann::json j = {{"pipeline", pipeline->describe()}, {"model", pipeline->model_path()},
-                        {"text", args.text},            {"tokens", tokens.size()},
-                        {"ctx", args.ctx},              {"chunks", r.chunks},
-                        {"scored_tokens", r.scored_tokens}, {"perplexity", r.perplexity},
-                        {"mean_nll", r.mean_nll},       {"seconds", r.seconds}};
     std::cout << j.dump() << "\n";
-  } else {
-    std::cout << "perplexity " << r.perplexity << " (" << r.chunks << " chunks of " << args.ctx << ", "
-              << r.scored_tokens << " scored tokens of " << tokens.size() << ", " << pipeline->describe() << ")\n";
+    return;
+  }
+  std::cout << "perplexity " << r.perplexity << " (" << r.chunks << " chunks of " << args.ctx << ", "
+            << r.scored_tokens << " scored tokens of " << tokens.size() << ", " << pipeline->describe() << ", "
+            << pipeline->model().weight_formats() << ")\n";
+  if (j.contains("baseline")) {
+    std::cout << "baseline perplexity " << j["baseline"]["perplexity"].get<double>() << " ("
+              << j["baseline"]["pipeline"].get<std::string>() << ")\n"
+              << "delta " << j["perplexity_delta"].get<double>() << " (" << j["perplexity_delta_percent"].get<double>()
+              << "%)\nteacher-forced agreement " << j["teacher_forced_agreement"].get<double>() << "\n"
+              << "greedy agreement " << j["greedy_agreement"].get<double>() << " (identical prefix per prompt: "
+              << j["greedy_prefix_per_prompt"].dump() << " of " << args.greedy_tokens << ")\n";
   }
 }
 
@@ -47,10 +125,16 @@ void eval(const EvalArgs& args) {
 
 void add_eval_command(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
-  CLI::App* cmd = app.add_subcommand("eval", "Perplexity of a pipeline on a text file");
+  CLI::App* cmd = app.add_subcommand("eval", "Perplexity of a pipeline on a text file, optionally against a baseline");
   add_pipeline_options(*cmd, args->pipeline);
   cmd->add_option("--text", args->text, "text file to score")->required();
   cmd->add_option("--ctx", args->ctx, "chunk length in tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--baseline", args->baseline, "baseline pipeline to compare against");
+  cmd->add_option("--baseline-model", args->baseline_model, "model for the baseline (default: -m, else its own)");
+  cmd->add_option("--prompts", args->prompts_file,
+                  "prompts for greedy agreement: JSON list (strings or {\"prompt\": ...}) or one per line");
+  cmd->add_option("--greedy-tokens", args->greedy_tokens, "tokens generated per prompt for greedy agreement")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--format", args->format, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { eval(*args); });
 }

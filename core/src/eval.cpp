@@ -1,10 +1,12 @@
 #include "tessera/eval.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "tessera/engine.h"
 #include "tessera/error.h"
 
 namespace tessera {
@@ -30,6 +32,7 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   std::vector<float> logits;
   double nll = 0;
   int64_t count = 0;
+  std::vector<int32_t> predictions;
   for (int64_t c = 0; c < chunks; ++c) {
     std::copy(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx, chunk.begin());
     chunk[0] = pipeline.tokenizer().bos();
@@ -53,6 +56,7 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
       const int32_t target = tokens[static_cast<size_t>(c * ctx + j + 1)];
       nll += std::log(sum) + mx - row[target];
       ++count;
+      predictions.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
     }
   }
   PerplexityResult r;
@@ -61,7 +65,53 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   r.mean_nll = nll / double(count);
   r.perplexity = std::exp(r.mean_nll);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.predictions = std::move(predictions);
   return r;
+}
+
+double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b) {
+  if (a.predictions.size() != b.predictions.size() || a.predictions.empty()) {
+    throw Error("teacher-forced agreement needs two runs over the same text and chunk length (" +
+                std::to_string(a.predictions.size()) + " vs " + std::to_string(b.predictions.size()) +
+                " scored positions)");
+  }
+  int64_t same = 0;
+  for (size_t i = 0; i < a.predictions.size(); ++i) same += a.predictions[i] == b.predictions[i];
+  return double(same) / double(a.predictions.size());
+}
+
+namespace {
+
+std::vector<int32_t> greedy(Pipeline& p, const std::vector<int32_t>& prompt, int64_t n) {
+  Engine engine(p);
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.max_tokens = n;
+  req.ignore_eos = true;  // compare the same number of tokens whatever each model ends with
+  req.sampling = SamplingParams{};
+  engine.submit(std::move(req));
+  engine.run_until_idle();
+  return engine.take_finished().at(0).tokens;
+}
+
+}  // namespace
+
+GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
+                                 const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
+  GreedyAgreement g;
+  g.tokens_per_prompt = n;
+  int64_t same = 0, total = 0;
+  for (const auto& prompt : prompts) {
+    const auto a = greedy(pipeline, prompt, n);
+    const auto b = greedy(baseline, prompt, n);
+    int64_t k = 0;
+    while (size_t(k) < a.size() && size_t(k) < b.size() && a[size_t(k)] == b[size_t(k)]) ++k;
+    g.prefix.push_back(k);
+    same += k;
+    total += int64_t(std::max(a.size(), b.size()));
+  }
+  g.share = total > 0 ? double(same) / double(total) : 0.0;
+  return g;
 }
 
 }  // namespace tessera

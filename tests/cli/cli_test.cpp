@@ -106,3 +106,32 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(Cli, EvalAgainstABaselineReportsDeltaAndAgreement) {
+  const std::string text = "--text '" + test::kShared + "/eval/tiny_stories_eval.txt'";
+  // Against itself: no delta, full agreement.
+  Output o = tessera_cmd("eval --format json " + text + " --baseline pipelines/default.yaml --greedy-tokens 24");
+  ASSERT_EQ(o.status, 0) << o.text;
+  auto j = nlohmann::json::parse(o.text);
+  EXPECT_DOUBLE_EQ(j["perplexity_delta"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["teacher_forced_agreement"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["greedy_agreement"].get<double>(), 1.0);
+  // The Q8_0 file against the f32 file: a small positive delta, high but imperfect agreement.
+  o = tessera_cmd("eval --format json " + text + " -m '" + test::kStoriesQ8 +
+                  "' --baseline pipelines/default.yaml --baseline-model '" + test::kStoriesF32 +
+                  "' --prompts '" + test::kShared + "/golden/stories260K-f32.greedy96.json'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  j = nlohmann::json::parse(o.text);
+  EXPECT_NEAR(j["baseline"]["perplexity"].get<double>(), 4.7634, 0.02);
+  EXPECT_GT(j["perplexity_delta_percent"].get<double>(), 0.0);
+  EXPECT_LT(j["perplexity_delta_percent"].get<double>(), 1.0);
+  EXPECT_GT(j["teacher_forced_agreement"].get<double>(), 0.95);
+  EXPECT_LT(j["teacher_forced_agreement"].get<double>(), 1.0);
+  EXPECT_EQ(j["greedy_prefix_per_prompt"].size(), 5u);
+}
+
+}  // namespace
+}  // namespace tessera

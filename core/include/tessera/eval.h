@@ -1,10 +1,13 @@
-// Perplexity, measured the way the llama.cpp reference does: the token stream is cut into chunks
+// Accuracy measurements of a pipeline, alone or against a baseline pipeline.
+//
+// Perplexity is measured the way the llama.cpp reference does: the token stream is cut into chunks
 // of ctx tokens, each chunk starts with BOS, and the negative log-likelihood is averaged over the
 // second half of every chunk.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "tessera/pipeline.h"
 
@@ -16,9 +19,24 @@ struct PerplexityResult {
   int64_t chunks = 0;
   int64_t scored_tokens = 0;
   double seconds = 0;
+  std::vector<int32_t> predictions;  // argmax at every scored position (for teacher-forced agreement)
 };
 
 // `tokens` is the tokenised text with BOS; throws Error when it is shorter than one chunk.
 PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t ctx);
+
+// Share of positions where two runs over the same text predict the same next token (teacher
+// forcing: both see the true text, so one early difference does not spoil the rest).
+double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b);
+
+struct GreedyAgreement {
+  double share = 0;                 // identical tokens before the first divergence / tokens generated
+  std::vector<int64_t> prefix;      // per prompt: tokens identical before the first divergence
+  int64_t tokens_per_prompt = 0;
+};
+
+// Greedy generation of `n` tokens for every prompt with both pipelines (each prompt alone).
+GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
+                                 const std::vector<std::vector<int32_t>>& prompts, int64_t n);
 
 }  // namespace tessera
