@@ -50,6 +50,38 @@ __attribute__((target("avx2,fma"))) void dot4_avx2(const float* x, const float* 
   out[3] = s3;
 }
 
+// A 3 x 4 tile: three x rows against four W rows, 12 accumulators in registers, so every load
+// feeds 1.7 FMAs instead of 0.8 (prefill is otherwise bound by loads, not by FMA throughput).
+__attribute__((target("avx2,fma"))) void dot3x4_avx2(const float* x0, const float* x1, const float* x2,
+                                                     const float* const* w, int64_t k, float* out0,
+                                                     float* out1, float* out2) {
+  __m256 a[3][4];
+  for (auto& row : a) {
+    for (auto& v : row) v = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 xv0 = _mm256_loadu_ps(x0 + i);
+    const __m256 xv1 = _mm256_loadu_ps(x1 + i);
+    const __m256 xv2 = _mm256_loadu_ps(x2 + i);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w[r] + i);
+      a[0][r] = _mm256_fmadd_ps(xv0, wv, a[0][r]);
+      a[1][r] = _mm256_fmadd_ps(xv1, wv, a[1][r]);
+      a[2][r] = _mm256_fmadd_ps(xv2, wv, a[2][r]);
+    }
+  }
+  float* outs[3] = {out0, out1, out2};
+  const float* xs[3] = {x0, x1, x2};
+  for (int q = 0; q < 3; ++q) {
+    for (int r = 0; r < 4; ++r) {
+      float s = hsum(a[q][r]);
+      for (int64_t t = i; t < k; ++t) s += xs[q][t] * w[r][t];
+      outs[q][r] = s;
+    }
+  }
+}
+
 void dot4_generic(const float* x, const float* w0, const float* w1, const float* w2,
                   const float* w3, int64_t k, float* out) {
   out[0] = dot_f32(x, w0, k);
@@ -80,7 +112,17 @@ void gemm_rows(const float* x, int64_t m, const WeightView& w, float* y, int64_t
         wr[r] = r < rows ? dst : wr[rows - 1];
       }
     }
-    for (int64_t i = 0; i < m; ++i) {
+    int64_t i = 0;
+    if (avx2) {
+      for (; i + 3 <= m; i += 3) {
+        float out[3][kRowsPerTile];
+        dot3x4_avx2(x + i * k, x + (i + 1) * k, x + (i + 2) * k, wr, k, out[0], out[1], out[2]);
+        for (int64_t q = 0; q < 3; ++q) {
+          for (int64_t r = 0; r < rows; ++r) y[(i + q) * n + j + r] = out[q][r];
+        }
+      }
+    }
+    for (; i < m; ++i) {
       float out[kRowsPerTile];
       if (avx2) {
         dot4_avx2(x + i * k, wr[0], wr[1], wr[2], wr[3], k, out);

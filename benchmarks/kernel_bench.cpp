@@ -1,0 +1,164 @@
+// Kernel microbenchmarks (Google Benchmark): GEMV (decode, m = 1) and GEMM (prefill, m = 128) for
+// every weight scheme, made through the real quantizer plugins on the CPU backend, reported as
+// weight GB/s and GFLOP/s; plus this machine's limits — read bandwidth and FMA peak — so that every
+// figure can be read as a share of what the hardware allows.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tessera/device_buffer.h"
+#include "tessera/quantize_blocks.h"
+#include "tessera/registry.h"
+
+namespace tessera {
+namespace {
+
+const Registry& registry() {
+  static const Registry* r = [] {
+    auto* reg = new Registry();
+    reg->load_default_paths();
+    return reg;
+  }();
+  return *r;
+}
+
+Backend& cpu() {
+  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", nlohmann::json::object(), "benchmark");
+  return *b;
+}
+
+struct Scheme {
+  const char* label;
+  const char* quantizer;
+  nlohmann::json params;
+  DType source;  // how the weight is stored in the "file"
+};
+
+const std::vector<Scheme>& schemes() {
+  static const std::vector<Scheme> s = {
+      {"f32", "none", nlohmann::json::object(), DType::F32},
+      {"f16", "none", {{"dtype", "f16"}}, DType::F32},
+      {"int8", "int8", nlohmann::json::object(), DType::F32},
+      {"int4-g32", "int4", {{"group_size", 32}}, DType::F32},
+      {"gguf-q8_0", "gguf", nlohmann::json::object(), DType::Q8_0},
+      {"gguf-q4_0", "gguf", nlohmann::json::object(), DType::Q4_0},
+  };
+  return s;
+}
+
+// args: scheme index, m, n (rows), k (cols)
+void BM_Gemm(benchmark::State& state) {
+  const Scheme& scheme = schemes()[size_t(state.range(0))];
+  const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
+  if (registry().find(ComponentKind::quantizer, scheme.quantizer) == nullptr) {
+    state.SkipWithError((std::string("quantizer plugin '") + scheme.quantizer + "' is not built").c_str());
+    return;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(size_t(n * k));
+  for (auto& v : w) v = dist(rng);
+  std::vector<uint8_t> stored(dtype_row_bytes(scheme.source, k) * size_t(n));
+  for (int64_t r = 0; r < n; ++r) {
+    quantize_row(scheme.source, w.data() + r * k, stored.data() + size_t(r) * dtype_row_bytes(scheme.source, k), k);
+  }
+  auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
+  auto linear = quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k});
+  DeviceBuffer x(cpu(), size_t(m * k) * 4), y(cpu(), size_t(m * n) * 4);
+  std::vector<float> xs(size_t(m * k));
+  for (auto& v : xs) v = dist(rng) * 20;
+  x.upload(xs.data(), xs.size() * 4);
+  for (auto _ : state) {
+    linear->forward(x.as<float>(), m, y.as<float>());
+    benchmark::ClobberMemory();
+  }
+  const double iters = double(state.iterations());
+  state.counters["weight_GB"] = benchmark::Counter(double(linear->resident_bytes()) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP"] = benchmark::Counter(2.0 * double(m * n * k) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(scheme.label) + " (" + linear->format() + ", " + std::to_string(omp_get_max_threads()) + " threads)");
+}
+
+void gemm_args(benchmark::internal::Benchmark* b) {
+  for (int s = 0; s < int(schemes().size()); ++s) {
+    for (int64_t m : {1, 128}) {
+      b->Args({s, m, 768, 768});
+      b->Args({s, m, 2048, 768});
+    }
+  }
+}
+BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Read bandwidth over a buffer far larger than the caches, all threads.
+__attribute__((target("avx2"))) double sum_avx2(const float* p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return double(out[0]) + out[7];
+}
+
+void BM_MemoryReadBandwidth(benchmark::State& state) {
+  const size_t bytes = size_t(512) << 20;
+  auto* buf = static_cast<float*>(std::aligned_alloc(64, bytes));
+  std::memset(buf, 1, bytes);
+  const size_t n = bytes / 4;
+  double sink = 0;
+  for (auto _ : state) {
+#pragma omp parallel reduction(+ : sink)
+    {
+      const size_t per = n / size_t(omp_get_num_threads()) / 32 * 32;
+      sink += sum_avx2(buf + per * size_t(omp_get_thread_num()), per);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.counters["GB"] = benchmark::Counter(double(bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  std::free(buf);
+}
+BENCHMARK(BM_MemoryReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// FMA peak: independent FMA chains in registers, all threads.
+__attribute__((target("avx2,fma"))) float fma_chains(int64_t iters) {
+  __m256 a[10];
+  for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(float(i));
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < 10; ++i) s = _mm256_add_ps(s, a[i]);
+  return _mm256_cvtss_f32(s);
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  constexpr int64_t kIters = 1 << 22;
+  float sink = 0;
+  int threads = 1;
+  for (auto _ : state) {
+#pragma omp parallel reduction(+ : sink)
+    {
+      sink += fma_chains(kIters);
+#pragma omp single
+      threads = omp_get_num_threads();
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  // 10 chains x 8 lanes x 2 flops per FMA.
+  state.counters["GFLOP"] = benchmark::Counter(double(kIters) * 10 * 8 * 2 * threads * double(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace tessera
+
+BENCHMARK_MAIN();
