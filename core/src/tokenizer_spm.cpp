@@ -176,12 +176,19 @@ class SpmTokenizer final : public Tokenizer {
 
   std::string decode(std::span<const int32_t> ids) const override {
     std::string out;
+    bool after_bos = false;
     for (int32_t id : ids) {
       check_id(id);
-      out += pieces_[id];
+      const std::string& piece = pieces_[id];
+      // Undo the space encode put in front of the text: it follows BOS. A completion decoded on its
+      // own (no BOS) keeps its leading space, as it reads after the prompt.
+      if (after_bos && vocab_.add_space_prefix && !piece.empty() && piece[0] == ' ') {
+        out.append(piece, 1);
+      } else {
+        out += piece;
+      }
+      after_bos = id == vocab_.bos || (after_bos && piece.empty());
     }
-    // Undo the space encode put in front of the text.
-    if (vocab_.add_space_prefix && !out.empty() && out[0] == ' ') out.erase(0, 1);
     return out;
   }
 

@@ -31,12 +31,14 @@ struct GoldenCase {
   std::string prompt;
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> completion;
+  std::string completion_text;
 };
 
 std::vector<GoldenCase> golden_cases(const std::string& file) {
   std::vector<GoldenCase> out;
   for (const auto& item : read_json(test::kShared + "/golden/" + file)) {
-    out.push_back({item.at("prompt"), item.at("prompt_token_ids"), item.at("completion_token_ids")});
+    out.push_back({item.at("prompt"), item.at("prompt_token_ids"), item.at("completion_token_ids"),
+                   item.at("completion_text")});
   }
   return out;
 }
@@ -51,6 +53,7 @@ TEST(ModelGolden, EveryPromptReproduces96GreedyTokensOneAtATime) {
     const auto r = generate(*p, {c.prompt_ids}, 96);
     ASSERT_EQ(r.size(), 1u);
     EXPECT_EQ(r[0].tokens, c.completion);
+    EXPECT_EQ(p->tokenizer().decode(r[0].tokens), c.completion_text) << "a completion keeps its leading space";
   }
 }
 
@@ -80,7 +83,9 @@ TEST(ModelGolden, BosOnlyReproduces256Tokens) {
   const std::vector<int32_t> expected = golden.at("generated_token_ids");
   const auto r = generate(*p, {{1}}, int64_t(expected.size()));
   EXPECT_EQ(r[0].tokens, expected);
-  EXPECT_EQ(p->tokenizer().decode(r[0].tokens), golden.at("text").get<std::string>());
+  std::vector<int32_t> with_bos = {1};
+  with_bos.insert(with_bos.end(), r[0].tokens.begin(), r[0].tokens.end());
+  EXPECT_EQ(p->tokenizer().decode(with_bos), golden.at("text").get<std::string>());
 }
 
 TEST(ModelGolden, MhaModelReproducesItsReferenceUpToTheFullContext) {

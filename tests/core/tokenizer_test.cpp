@@ -117,7 +117,7 @@ TEST(TokenizerTest, GoldenPromptsMatchLlamaCpp) {
 }
 
 TEST(TokenizerTest, NewlinesAreByteTokens) {
-  const std::vector<int32_t> ids = stories().encode("Hi.\nBye.", false);
+  const std::vector<int32_t> ids = stories().encode("Hi.\nBye.", true);
   EXPECT_NE(std::find(ids.begin(), ids.end(), 13), ids.end());  // <0x0A> = 3 + 10
   EXPECT_EQ(stories().decode(ids), "Hi.\nBye.");
 }
@@ -166,11 +166,11 @@ TEST(TokenizerTest, LongInputIsFast) {
   std::string text;
   const std::string eval = read_all(kShared + "/eval/tiny_stories_eval.txt");
   while (text.size() < 200000) text += eval;
-  const std::vector<int32_t> ids = stories().encode(text, false);
+  const std::vector<int32_t> ids = stories().encode(text, true);
   EXPECT_EQ(stories().decode(ids), text);
   // A single 100 KB word without spaces is the worst case for merging.
   const std::string word(100000, 'a');
-  EXPECT_EQ(stories().decode(stories().encode(word, false)), word);
+  EXPECT_EQ(stories().decode(stories().encode(word, true)), word);
 }
 
 TEST(TokenizerTest, TokenToPiece) {
@@ -189,8 +189,9 @@ TEST(TokenizerTest, TokenToPiece) {
   EXPECT_THROW(t.decode(std::vector<int32_t>{1, 600}), Error);
   // Byte tokens of one character reassemble into UTF-8 when decoded together.
   EXPECT_EQ(t.decode(std::vector<int32_t>{3 + 0xE2, 3 + 0x82, 3 + 0xAC}), "\xE2\x82\xAC");
-  // Only the first leading space is stripped.
-  EXPECT_EQ(t.decode(std::vector<int32_t>{259, 259}), "t t");
+  // Only the space encode adds after BOS is stripped; a completion keeps its leading space.
+  EXPECT_EQ(t.decode(std::vector<int32_t>{1, 259, 259}), "t t");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{259, 259}), " t t");
 }
 
 TEST(TokenizerTest, AidreamsVocabulary) {
@@ -248,7 +249,7 @@ TEST(TokenizerTest, MergeOrderAndFallbacks) {
     v.add_space_prefix = true;
     const auto t = Tokenizer::create(v);
     EXPECT_EQ(t->encode("A B", false), (std::vector<int32_t>{2, 0, 2, 1}));
-    EXPECT_EQ(t->decode(std::vector<int32_t>{2, 0, 2, 1}), "A B");
+    EXPECT_EQ(t->decode(std::vector<int32_t>{2, 0, 2, 1}), " A B");  // no BOS: the prefix space stays
   }
 }
 

@@ -46,7 +46,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
-  // Full text of a sequence; strips the single leading space that encode adds.
+  // Text of a sequence. The space that encode adds after BOS is removed, so decode(encode(x, true))
+  // == x; a completion decoded alone (no BOS) keeps its leading space, as it continues a prompt.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // Raw bytes of one token: byte tokens give their byte, U+2581 becomes a space, control tokens
   // give "". Concatenating pieces (e.g. when streaming) yields valid UTF-8 once all bytes arrive.
