@@ -85,7 +85,10 @@ void run(const RunArgs& args) {
                       {"decode_seconds", decode_s},
                       {"prefill_tokens_per_s", prefill_tps},
                       {"decode_tokens_per_s", decode_tps},
-                      {"ttft_ms", (r.first_token - r.submitted) * 1000.0}};
+                      {"ttft_ms", r.ttft() * 1000.0},
+                      {"queue_ms", r.queue_time() * 1000.0}};
+      j["tokens_in"] = r.prompt.size();
+      j["tokens_out"] = r.tokens.size();
       j["pipeline"] = pipeline->describe();
       j["model"] = pipeline->model_path();
       j["weight_bytes"] = pipeline->model().weight_bytes();
