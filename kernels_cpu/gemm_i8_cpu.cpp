@@ -1,30 +1,280 @@
-// W8A8 GEMM: each row of x is quantized to int8 with its own scale (dynamic, per token), dotted
-// with int8 weight rows in int32, and the result rescaled by both scales.
+// W8A8 GEMM: each row of x is quantized to int8 with its own scale (dynamic, per token: absmax/127,
+// round to nearest), dotted with int8 weight rows in int32, and the result rescaled by both scales
+// as it is stored (the dequantization is fused into the output write).
+//
+// WeightView::kernel_variant for I8 on the CPU:
+//   0  the default: AVX2 (vpmaddubsw + vpmaddwd) when the CPU has it, otherwise portable scalar code
+//   1  oneDNN's s8·s8->s32 matmul (builds with TESSERA_DNNL only; refused by name otherwise)
+//   2  the scalar reference, whatever the CPU (for tests and comparisons)
+// All quantize x the same way and accumulate exactly in int32, so they agree to the last bit.
+// A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
+// is missing.
+#include <immintrin.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "tessera/error.h"
+
+#ifdef TESSERA_HAVE_DNNL
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include <dnnl.hpp>
+#endif
 
 namespace tessera::cpu {
 
-void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
-  const int64_t k = w.cols;
-  const auto* wq = static_cast<const int8_t*>(w.data);
-  std::vector<int8_t> xq(static_cast<size_t>(k));
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xr = x + i * k;
-    float amax = 0;
-    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(xr[c]));
-    const float sx = amax / 127.0f;
-    const float inv = sx > 0 ? 1.0f / sx : 0.0f;
-    for (int64_t c = 0; c < k; ++c) xq[size_t(c)] = static_cast<int8_t>(std::lrintf(xr[c] * inv));
-    for (int64_t j = 0; j < w.rows; ++j) {
-      const int8_t* wr = wq + j * k;
-      int32_t acc = 0;
-      for (int64_t c = 0; c < k; ++c) acc += int32_t(xq[size_t(c)]) * int32_t(wr[c]);
-      y[i * w.rows + j] = float(acc) * sx * w.scales[j];
+namespace {
+
+constexpr int32_t kVariantDefault = 0;
+constexpr int32_t kVariantDnnl = 1;
+constexpr int32_t kVariantReference = 2;
+
+constexpr int64_t kRowsPerTile = 4;  // weight rows sharing each load of x
+constexpr int64_t kBlockM = 64;      // x rows kept hot in cache while a thread walks its W rows
+
+inline int8_t quantize_one(float v, float inv) {
+  const long q = std::lrintf(v * inv);
+  return static_cast<int8_t>(std::clamp(q, -127L, 127L));
+}
+
+// x row -> int8 with scale absmax/127. Both versions compute the same products and round the same
+// way (nearest even, like lrintf), so they produce identical bytes.
+float quantize_row_generic(const float* x, int64_t k, int8_t* q) {
+  float amax = 0;
+  for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  for (int64_t c = 0; c < k; ++c) q[c] = quantize_one(x[c], inv);
+  return amax / 127.0f;
+}
+
+__attribute__((target("avx2,fma"))) float quantize_row_avx2(const float* x, int64_t k, int8_t* q) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(abs_mask, _mm256_loadu_ps(x + c)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  float amax = _mm_cvtss_f32(m4);
+  for (; c < k; ++c) amax = std::max(amax, std::fabs(x[c]));
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  // packs interleaves 128-bit lanes; this puts the 4-byte groups back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  c = 0;
+  for (; c + 32 <= k; c += 32) {
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c), vinv));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vinv));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c + 16), vinv));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c + 24), vinv));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + c), _mm256_permutevar8x32_epi32(p, order));
+  }
+  for (; c < k; ++c) q[c] = quantize_one(x[c], inv);
+  return amax / 127.0f;
+}
+
+__attribute__((target("avx2,fma"))) inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 products x·w summed in pairs into 8 int32. vpmaddubsw wants one unsigned operand, so it gets
+// |x| and w carries the sign of x; with |x|, |w| <= 127 a pair is at most 2·127·127 = 32258 and the
+// int16 step cannot saturate (an x+128 offset would reach 2·255·127 and could).
+__attribute__((target("avx2,fma"))) inline __m256i dot32(__m256i ax, __m256i xs, __m256i w, __m256i ones) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xs)), ones);
+}
+
+// acc[r][i] = int32 dot of x rows x0 (and x1 when two) with the four W rows.
+template <int kX>
+__attribute__((target("avx2,fma"))) void dot4_avx2(const int8_t* const* xr, const int8_t* const* wr,
+                                                   int64_t k, int32_t (*acc)[2]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[4][kX];
+  for (int r = 0; r < 4; ++r) {
+    for (int i = 0; i < kX; ++i) a[r][i] = _mm256_setzero_si256();
+  }
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    __m256i xs[kX], ax[kX];
+    for (int i = 0; i < kX; ++i) {
+      xs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[i] + c));
+      ax[i] = _mm256_abs_epi8(xs[i]);
     }
+    for (int r = 0; r < 4; ++r) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + c));
+      for (int i = 0; i < kX; ++i) a[r][i] = _mm256_add_epi32(a[r][i], dot32(ax[i], xs[i], w, ones));
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (int i = 0; i < kX; ++i) {
+      int32_t s = hsum_i32(a[r][i]);
+      for (int64_t t = c; t < k; ++t) s += int32_t(xr[i][t]) * int32_t(wr[r][t]);
+      acc[r][i] = s;
+    }
+  }
+}
+
+void dot4_generic(const int8_t* const* xr, const int8_t* const* wr, int64_t k, int32_t (*acc)[2]) {
+  for (int r = 0; r < 4; ++r) {
+    int32_t s = 0;
+    for (int64_t t = 0; t < k; ++t) s += int32_t(xr[0][t]) * int32_t(wr[r][t]);
+    acc[r][0] = s;
+  }
+}
+
+// y rows [i0, i1) x W rows [j0, j1), with x already quantized.
+void gemm_rows(const int8_t* xq, const float* sx, int64_t i0, int64_t i1, const WeightView& w,
+               int64_t j0, int64_t j1, float* y, bool avx2) {
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  const auto* wq = static_cast<const int8_t*>(w.data);
+  for (int64_t ib = i0; ib < i1; ib += kBlockM) {
+    const int64_t ie = std::min(i1, ib + kBlockM);
+    for (int64_t j = j0; j < j1; j += kRowsPerTile) {
+      const int64_t rows = std::min(kRowsPerTile, j1 - j);
+      const int8_t* wr[kRowsPerTile];
+      // A short tile repeats its last row; the extra results are not stored.
+      for (int64_t r = 0; r < kRowsPerTile; ++r) wr[r] = wq + (j + std::min(r, rows - 1)) * k;
+      int64_t i = ib;
+      int32_t acc[kRowsPerTile][2];
+      if (avx2) {
+        for (; i + 2 <= ie; i += 2) {
+          const int8_t* xr[2] = {xq + i * k, xq + (i + 1) * k};
+          dot4_avx2<2>(xr, wr, k, acc);
+          for (int64_t r = 0; r < rows; ++r) {
+            y[i * n + j + r] = float(acc[r][0]) * (sx[i] * w.scales[j + r]);
+            y[(i + 1) * n + j + r] = float(acc[r][1]) * (sx[i + 1] * w.scales[j + r]);
+          }
+        }
+      }
+      for (; i < ie; ++i) {
+        const int8_t* xr[1] = {xq + i * k};
+        if (avx2) {
+          dot4_avx2<1>(xr, wr, k, acc);
+        } else {
+          dot4_generic(xr, wr, k, acc);
+        }
+        for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = float(acc[r][0]) * (sx[i] * w.scales[j + r]);
+      }
+    }
+  }
+}
+
+void quantize_rows(const float* x, int64_t i0, int64_t i1, int64_t k, int8_t* xq, float* sx, bool avx2) {
+  for (int64_t i = i0; i < i1; ++i) {
+    sx[i] = avx2 ? quantize_row_avx2(x + i * k, k, xq + i * k) : quantize_row_generic(x + i * k, k, xq + i * k);
+  }
+}
+
+#ifdef TESSERA_HAVE_DNNL
+// oneDNN does only the int32 products; quantizing x and the rescale stay ours, so this variant
+// gives the same numbers as the others. One primitive per weight shape, with M given at run time
+// (prefill chunks vary), shared by all threads.
+struct DnnlMatmuls {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::map<std::pair<int64_t, int64_t>, dnnl::matmul> by_shape;  // (n, k)
+};
+
+DnnlMatmuls& dnnl_matmuls() {
+  static DnnlMatmuls* m = new DnnlMatmuls();  // never destroyed: no teardown order at unload
+  return *m;
+}
+
+void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView& w, float* y,
+                  std::vector<int32_t>& acc) {
+  using dnnl::memory;
+  DnnlMatmuls& d = dnnl_matmuls();
+  const int64_t k = w.cols, n = w.rows;
+  const memory::desc src_any({DNNL_RUNTIME_DIM_VAL, k}, memory::data_type::s8, memory::format_tag::ab);
+  const memory::desc wei_md({k, n}, memory::data_type::s8, memory::format_tag::ba);  // W[n][k] as [k][n]
+  const memory::desc dst_any({DNNL_RUNTIME_DIM_VAL, n}, memory::data_type::s32, memory::format_tag::ab);
+  dnnl::matmul prim;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    auto it = d.by_shape.find({n, k});
+    if (it == d.by_shape.end()) {
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_any, wei_md, dst_any), d.engine);
+      it = d.by_shape.emplace(std::make_pair(n, k), dnnl::matmul(pd)).first;
+    }
+    prim = it->second;
+  }
+  acc.resize(size_t(m * n));
+  const memory src({{m, k}, memory::data_type::s8, memory::format_tag::ab}, d.engine, const_cast<int8_t*>(xq));
+  const memory wei(wei_md, d.engine, const_cast<void*>(w.data));
+  const memory dst({{m, n}, memory::data_type::s32, memory::format_tag::ab}, d.engine, acc.data());
+  dnnl::stream stream(d.engine);
+  prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  stream.wait();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] = float(acc[size_t(i * n + j)]) * (sx[i] * w.scales[j]);
+  }
+}
+#endif
+
+}  // namespace
+
+void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
+  const int32_t variant = w.kernel_variant;
+#ifndef TESSERA_HAVE_DNNL
+  if (variant == kVariantDnnl) {
+    throw Error("cpu gemm on i8: the oneDNN kernel was not built (configure with -DTESSERA_DNNL=ON "
+                "and libdnnl-dev installed)");
+  }
+#endif
+  if (variant != kVariantDefault && variant != kVariantDnnl && variant != kVariantReference) {
+    throw Error("cpu gemm on i8: unknown kernel variant " + std::to_string(variant) +
+                " (0 = default, 1 = oneDNN, 2 = scalar reference)");
+  }
+  const bool avx2 = variant != kVariantReference && has_avx2();
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  if (m <= 0 || n <= 0) return;
+  // The calling thread's scratch, shared read-only with the team below.
+  thread_local std::vector<int8_t> xq_buf;
+  thread_local std::vector<float> sx_buf;
+  xq_buf.resize(size_t(m * k));
+  sx_buf.resize(size_t(m));
+  int8_t* xq = xq_buf.data();
+  float* sx = sx_buf.data();
+#ifdef TESSERA_HAVE_DNNL
+  if (variant == kVariantDnnl) {
+    thread_local std::vector<int32_t> acc;
+    quantize_rows(x, 0, m, k, xq, sx, avx2);
+    gemm_i8_dnnl(xq, sx, m, w, y, acc);
+    return;
+  }
+#endif
+
+  if (m * n * k < kParallelWork || omp_get_max_threads() == 1) {
+    quantize_rows(x, 0, m, k, xq, sx, avx2);
+    gemm_rows(xq, sx, 0, m, w, 0, n, y, avx2);
+    return;
+  }
+  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    // Quantize x together (rows split evenly), then each thread takes a contiguous band of W.
+    const int64_t per_m = (m + nt - 1) / nt;
+    quantize_rows(x, std::min(m, per_m * t), std::min(m, per_m * (t + 1)), k, xq, sx, avx2);
+#pragma omp barrier
+    const int64_t per = (tiles + nt - 1) / nt;
+    const int64_t j0 = std::min(n, per * t * kRowsPerTile);
+    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
+    if (j0 < j1) gemm_rows(xq, sx, 0, m, w, j0, j1, y, avx2);
   }
 }
 

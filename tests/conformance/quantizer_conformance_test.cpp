@@ -132,8 +132,11 @@ void check_linears(Quantizer& q) {
         DeviceBuffer y1 = poisoned_floats(b, size_t(rows));
         linear->forward(xb.as<float>() + 2 * cols, 1, y1.as<float>());
         const auto row2 = download<float>(b, y1.get(), size_t(rows));
-        const std::vector<double> want2(want.begin() + 2 * rows, want.begin() + 3 * rows);
-        EXPECT_LT(normalized_rms_error(row2, want2), tolerance_for(format)) << "m=1, format " << format;
+        // Against the batched row, not the float reference: one output of one row can cancel
+        // almost to zero, so a relative error on it says nothing about the format's accuracy
+        // (checked above over the batch). Per-token schemes must not depend on the other rows.
+        const std::vector<double> batched(y.begin() + 2 * rows, y.begin() + 3 * rows);
+        EXPECT_LT(normalized_rms_error(row2, batched), 1e-5) << "m=1 differs from the batch, format " << format;
       }
     }
   }

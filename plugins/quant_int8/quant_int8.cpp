@@ -1,0 +1,161 @@
+// quantizer: int8 — W8A8. Weights are symmetric int8 per output channel (scale = absmax/127),
+// activations are quantized per token at run time inside the backend's gemm, products accumulate
+// in int32 and the output is dequantized as it is written. Tensors named by `keep_float` stay in
+// floating point exactly as quantizer `none` keeps them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/device_buffer.h"
+#include "tessera/error.h"
+#include "tessera/plugin.h"
+#include "tessera/tensor_pattern.h"
+
+namespace tessera {
+namespace {
+
+// WeightView::kernel_variant values of the CPU backend's i8 gemm (kernels_cpu/gemm_i8_cpu.cpp).
+constexpr int32_t kCpuDefault = 0;    // AVX2 vpmaddubsw/vpmaddwd; scalar on CPUs without AVX2
+constexpr int32_t kCpuReference = 2;  // scalar reference
+
+int32_t cpu_variant(const std::string& kernel) {
+  if (kernel == "reference") return kCpuReference;
+  return kCpuDefault;
+}
+
+// Rows are quantized and uploaded in pieces of about this size, so loading never stages a second
+// copy of a whole large matrix on the host.
+constexpr size_t kStageBytes = size_t(4) << 20;
+
+class DeviceLinear final : public Linear {
+ public:
+  DeviceLinear(Backend& backend, DeviceBuffer data, DeviceBuffer scales, WeightView view, std::string format)
+      : backend_(backend), data_(std::move(data)), scales_(std::move(scales)), view_(view),
+        format_(std::move(format)) {}
+  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
+  int64_t in_features() const override { return view_.cols; }
+  int64_t out_features() const override { return view_.rows; }
+  size_t resident_bytes() const override { return data_.size() + scales_.size(); }
+  std::string format() const override { return format_; }
+  WeightView view() const override { return view_; }
+
+ private:
+  Backend& backend_;
+  DeviceBuffer data_;
+  DeviceBuffer scales_;  // empty for float weights
+  WeightView view_;
+  std::string format_;
+};
+
+class Int8Quantizer final : public Quantizer {
+ public:
+  explicit Int8Quantizer(const Params& p)
+      : keep_float_(p.get_string_list("keep_float")),
+        cpu_variant_(cpu_variant(p.get_string("kernel"))) {}
+
+  std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
+    if (tensor_matches_any(keep_float_, w.name)) return make_float(backend, w);
+    if (!backend.supports(Op::gemm, DType::I8)) {
+      throw Error("quantizer 'int8' needs gemm on i8 on the " + std::string(backend.name()) +
+                  " backend (tensor " + w.name + "); keep it in float with keep_float or use quantizer 'none'");
+    }
+    const int64_t k = w.cols;
+    DeviceBuffer data(backend, size_t(w.rows) * size_t(k));
+    DeviceBuffer scales(backend, size_t(w.rows) * sizeof(float));
+    std::vector<float> host_scales(size_t(w.rows));
+    const int64_t rows_per_stage = std::max<int64_t>(1, int64_t(kStageBytes / size_t(k)));
+    std::vector<int8_t> stage(size_t(std::min(rows_per_stage, w.rows) * k));
+    std::vector<float> row(static_cast<size_t>(k));
+    const size_t in_row = dtype_row_bytes(w.dtype, k);
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += rows_per_stage) {
+      const int64_t r1 = std::min(w.rows, r0 + rows_per_stage);
+      for (int64_t r = r0; r < r1; ++r) {
+        dequantize_row(w.dtype, src + size_t(r) * in_row, row.data(), k);
+        host_scales[size_t(r)] = quantize_row(row.data(), k, stage.data() + (r - r0) * k, w.name, r);
+      }
+      backend.copy_to_device(data.as<int8_t>() + r0 * k, stage.data(), size_t((r1 - r0) * k));
+    }
+    scales.upload(host_scales.data(), host_scales.size() * sizeof(float));
+    WeightView view{data.get(), DType::I8, w.rows, w.cols, scales.as<float>()};
+    // Variant numbers belong to the backend; only the CPU's are known here.
+    view.kernel_variant = backend.name() == "cpu" ? cpu_variant_ : 0;
+    // A zero-row gemm only validates the view: a variant this backend build lacks is refused now,
+    // naming the tensor, rather than at the first step.
+    if (view.kernel_variant != 0) {
+      try {
+        backend.gemm(nullptr, 0, view, nullptr);
+      } catch (const Error& e) {
+        throw Error("quantizer 'int8' (tensor " + w.name + "): " + e.what());
+      }
+    }
+    return std::make_unique<DeviceLinear>(backend, std::move(data), std::move(scales), view, "int8");
+  }
+
+ private:
+  // Symmetric per-row quantization: scale = absmax/127, q = round(x/scale); an all-zero row gets
+  // scale 0 and zeros.
+  static float quantize_row(const float* x, int64_t k, int8_t* q, const std::string& name, int64_t r) {
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) {
+      if (!std::isfinite(x[c])) {
+        throw Error("quantizer 'int8': tensor " + name + " has a non-finite value in row " + std::to_string(r));
+      }
+      amax = std::max(amax, std::fabs(x[c]));
+    }
+    const float scale = amax / 127.0f;
+    for (int64_t c = 0; c < k; ++c) {
+      q[c] = scale > 0 ? int8_t(std::clamp(std::lround(x[c] / scale), -127L, 127L)) : int8_t(0);
+    }
+    return scale;
+  }
+
+  // As quantizer `none` with dtype auto: float types as stored, GGUF blocks expanded to f32.
+  static std::unique_ptr<Linear> make_float(Backend& backend, const WeightSource& w) {
+    const DType target = dtype_is_float(w.dtype) ? w.dtype : DType::F32;
+    if (!backend.supports(Op::gemm, target)) {
+      throw Error("quantizer 'int8' (keep_float) needs gemm on " + std::string(dtype_name(target)) +
+                  " on the " + std::string(backend.name()) + " backend (tensor " + w.name + ")");
+    }
+    const size_t out_row = dtype_row_bytes(target, w.cols);
+    DeviceBuffer buf(backend, out_row * size_t(w.rows));
+    if (target == w.dtype) {
+      buf.upload(w.data, buf.size());
+    } else {
+      const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
+      const auto* src = static_cast<const uint8_t*>(w.data);
+      std::vector<float> row(size_t(w.cols));
+      for (int64_t r = 0; r < w.rows; ++r) {
+        dequantize_row(w.dtype, src + size_t(r) * in_row, row.data(), w.cols);
+        backend.copy_to_device(buf.as<uint8_t>() + size_t(r) * out_row, row.data(), out_row);
+      }
+    }
+    WeightView view{buf.get(), target, w.rows, w.cols};
+    return std::make_unique<DeviceLinear>(backend, std::move(buf), DeviceBuffer(), view,
+                                          std::string(dtype_name(target)));
+  }
+
+  std::vector<std::string> keep_float_;
+  int32_t cpu_variant_;
+};
+
+void register_int8(Registrar& r) {
+  r.add<Quantizer>(
+      "int8",
+      "W8A8: int8 weights per output channel, int8 activations per token (dynamic), int32 accumulation",
+      {{"keep_float", ParamType::string_list, nlohmann::json::array(),
+        "tensor-name patterns kept in floating point, e.g. [output, \"blk.0.*\"]", {}},
+       {"kernel", ParamType::string, "avx2",
+        "CPU kernel: avx2 (vpmaddubsw/vpmaddwd; scalar on CPUs without AVX2) or reference (scalar); "
+        "other backends use their own",
+        {"avx2", "reference"}}},
+      [](const Params& p) { return std::make_unique<Int8Quantizer>(p); });
+}
+
+}  // namespace
+}  // namespace tessera
+
+TESSERA_PLUGIN("quant_int8", tessera::register_int8)
