@@ -1,0 +1,353 @@
+// quantizer: int4 — group-wise 4-bit weights, packed two per byte (low nibble first), with one float
+// scale (and, asymmetric, one float zero point) per group of 32, 64 or 128 input features. The
+// backend multiplies from the packed form; there is no float copy of the matrix.
+//
+// Symmetric groups use ggml's Q4_0 convention rather than absmax/7: value = (q - 8) * scale with
+// q in 0..15, starting from the grid where the value of largest magnitude m maps to -8
+// (scale = m / -8), so all 16 levels are used (step amax/8 instead of amax/7). Asymmetric groups
+// span [min, max]: value = (q - zero) * scale, zero kept as a float. For both, nearby grids are
+// tried at load and the least-squares fit kept (see quantize_symmetric / quantize_asymmetric):
+// on stories260K plain rounding gives +10% (sym) / +8% (asym) perplexity, the fit +7% / +4%.
+//
+// Tensors whose input features are not a multiple of the group (stories260K's ffn_down has 172)
+// stay in float, as llama.cpp does, and format() says why; so do tensors matching `keep_float`.
+// `overrides` give tensors matching a pattern another scheme or group size.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/device_buffer.h"
+#include "tessera/error.h"
+#include "tessera/plugin.h"
+#include "tessera/tensor_pattern.h"
+
+namespace tessera {
+namespace {
+
+enum class Scheme { symmetric, asymmetric, keep_float };
+
+struct Choice {
+  Scheme scheme = Scheme::symmetric;
+  int64_t group_size = 32;
+};
+
+struct Rule {
+  std::vector<std::string> patterns;
+  Choice choice;
+};
+
+std::string scheme_tag(Scheme s) { return s == Scheme::symmetric ? "sym" : "asym"; }
+
+// A weight kept in a float type (as stored, or f32 for block formats).
+class FloatLinear final : public Linear {
+ public:
+  FloatLinear(Backend& backend, DeviceBuffer buffer, WeightView view, std::string format)
+      : backend_(backend), buffer_(std::move(buffer)), view_(view), format_(std::move(format)) {}
+  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
+  int64_t in_features() const override { return view_.cols; }
+  int64_t out_features() const override { return view_.rows; }
+  size_t resident_bytes() const override { return buffer_.size(); }
+  std::string format() const override { return format_; }
+  WeightView view() const override { return view_; }
+
+ private:
+  Backend& backend_;
+  DeviceBuffer buffer_;
+  WeightView view_;
+  std::string format_;
+};
+
+// One backend buffer: scales [rows][groups], zeros [rows][groups] (asymmetric), packed nibbles
+// [rows][cols/2]. Floats first so that every part is aligned without padding.
+class Int4Linear final : public Linear {
+ public:
+  Int4Linear(Backend& backend, DeviceBuffer buffer, WeightView view, Scheme scheme)
+      : backend_(backend), buffer_(std::move(buffer)), view_(view), scheme_(scheme) {}
+  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
+  int64_t in_features() const override { return view_.cols; }
+  int64_t out_features() const override { return view_.rows; }
+  size_t resident_bytes() const override { return buffer_.size(); }
+  std::string format() const override {
+    return "int4/g" + std::to_string(view_.group_size) + "/" + scheme_tag(scheme_);
+  }
+  WeightView view() const override { return view_; }
+
+ private:
+  Backend& backend_;
+  DeviceBuffer buffer_;
+  WeightView view_;
+  Scheme scheme_;
+};
+
+uint8_t clamp_q(float v) { return uint8_t(std::clamp(int(std::nearbyint(v)), 0, 15)); }
+
+// Squared error of x against (q - zero) * scale, each element weighted by x² when `weighted`.
+double group_error(const float* x, const uint8_t* q, int64_t g, float scale, float zero, bool weighted) {
+  double e = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    const double d = (double(q[i]) - zero) * scale - x[i];
+    e += (weighted ? double(x[i]) * x[i] : 1.0) * d * d;
+  }
+  return e;
+}
+
+// Symmetric: start from ggml's grid (largest magnitude -> -8) and try nearby grids; for each, the
+// least-squares scale for the chosen levels, weighted by x² so that large weights are kept
+// accurately (llama.cpp's make_qx_quants, rmse_type 1). Keeps the grid of least weighted error; on
+// stories260K this takes the perplexity gap from +10% (plain rounding) to +7%.
+float quantize_symmetric(const float* x, int64_t g, uint8_t* q) {
+  float m = 0;  // the signed value of largest magnitude
+  for (int64_t i = 0; i < g; ++i) {
+    if (std::fabs(x[i]) > std::fabs(m)) m = x[i];
+  }
+  if (m == 0) {
+    std::fill(q, q + g, uint8_t(8));
+    return 0.0f;
+  }
+  std::vector<uint8_t> trial(size_t(g), 0);
+  float best_scale = m / -8.0f;
+  for (int64_t i = 0; i < g; ++i) q[i] = clamp_q(x[i] / best_scale + 8.0f);
+  double best = group_error(x, q, g, best_scale, 8.0f, true);
+  for (int t = -10; t <= 10; ++t) {
+    const float inv = -(8.0f + 0.1f * float(t)) / m;
+    double sxq = 0, sqq = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      trial[size_t(i)] = clamp_q(x[i] * inv + 8.0f);
+      const double l = double(trial[size_t(i)]) - 8.0;
+      const double w = double(x[i]) * x[i];
+      sxq += w * x[i] * l;
+      sqq += w * l * l;
+    }
+    if (sqq == 0) continue;
+    const float scale = float(sxq / sqq);
+    const double e = group_error(x, trial.data(), g, scale, 8.0f, true);
+    if (e < best) {
+      best = e;
+      best_scale = scale;
+      std::copy(trial.begin(), trial.end(), q);
+    }
+  }
+  return best_scale;
+}
+
+// Asymmetric: grids spanning about [min, max]; for each, the least-squares (scale, offset) for the
+// chosen levels (unweighted, as llama.cpp's make_qkx1_quants); zero = -offset / scale is kept as a
+// float. Plain min/max rounding gives +8% perplexity on stories260K, this +4%.
+float quantize_asymmetric(const float* x, int64_t g, uint8_t* q, float* zero) {
+  float lo = x[0], hi = x[0];
+  for (int64_t i = 1; i < g; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  if (hi == lo) {  // a constant group: (0 - (-1)) * lo == lo
+    std::fill(q, q + g, uint8_t(0));
+    *zero = lo != 0 ? -1.0f : 0.0f;
+    return lo;
+  }
+  float best_scale = (hi - lo) / 15.0f;
+  *zero = -lo / best_scale;
+  for (int64_t i = 0; i < g; ++i) q[i] = clamp_q(x[i] / best_scale + *zero);
+  double best = group_error(x, q, g, best_scale, *zero, false);
+  std::vector<uint8_t> trial(size_t(g), 0);
+  for (int t = -10; t <= 10; ++t) {
+    const float inv = (15.0f + 0.1f * float(t)) / (hi - lo);
+    double sq = 0, sqq = 0, sx = 0, sxq = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      trial[size_t(i)] = clamp_q((x[i] - lo) * inv);
+      const double l = trial[size_t(i)];
+      sq += l;
+      sqq += l * l;
+      sx += x[i];
+      sxq += x[i] * l;
+    }
+    // Least squares for x ≈ scale * q + offset.
+    const double det = double(g) * sqq - sq * sq;
+    if (det <= 0) continue;
+    const double scale = (double(g) * sxq - sq * sx) / det;
+    const double offset = (sx - scale * sq) / double(g);
+    if (scale <= 0) continue;
+    const float z = float(-offset / scale);
+    const double e = group_error(x, trial.data(), g, float(scale), z, false);
+    if (e < best) {
+      best = e;
+      best_scale = float(scale);
+      *zero = z;
+      std::copy(trial.begin(), trial.end(), q);
+    }
+  }
+  return best_scale;
+}
+
+// Quantizes one group of g floats into q[0..g) (values 0..15); returns scale (and zero).
+float quantize_group(const float* x, int64_t g, Scheme scheme, uint8_t* q, float* zero) {
+  return scheme == Scheme::symmetric ? quantize_symmetric(x, g, q) : quantize_asymmetric(x, g, q, zero);
+}
+
+class Int4Quantizer final : public Quantizer {
+ public:
+  explicit Int4Quantizer(const Params& p)
+      : keep_float_(p.get_string_list("keep_float")) {
+    base_.group_size = checked_group(p.get_int("group_size"), "group_size");
+    base_.scheme = parse_scheme(p.get_string("scheme"), "scheme");
+    parse_overrides(p.get("overrides"));
+  }
+
+  std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
+    const Choice c = choice_for(w.name);
+    if (c.scheme == Scheme::keep_float) return make_float(backend, w, "keep_float");
+    if (w.cols % c.group_size != 0) {
+      return make_float(backend, w, "fallback: " + std::to_string(w.cols) + " cols not a multiple of " +
+                                        std::to_string(c.group_size));
+    }
+    if (!backend.supports(Op::gemm, DType::I4)) {
+      throw Error("quantizer 'int4' needs gemm on int4 weights, which the " + std::string(backend.name()) +
+                  " backend lacks (tensor " + w.name + ")");
+    }
+    const int64_t groups = w.cols / c.group_size;
+    const bool asym = c.scheme == Scheme::asymmetric;
+    const size_t scale_bytes = size_t(w.rows * groups) * sizeof(float);
+    const size_t packed_bytes = size_t(w.rows) * size_t(w.cols / 2);
+    std::vector<uint8_t> host(scale_bytes * (asym ? 2 : 1) + packed_bytes);
+    auto* scales = reinterpret_cast<float*>(host.data());
+    float* zeros = asym ? scales + w.rows * groups : nullptr;
+    uint8_t* packed = host.data() + scale_bytes * (asym ? 2 : 1);
+
+    const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
+    std::vector<float> row(size_t(w.cols));
+    std::vector<uint8_t> q(size_t(w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, row.data(), w.cols);
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        float zero = 0;
+        const int64_t at = gi * c.group_size;
+        scales[r * groups + gi] = quantize_group(row.data() + at, c.group_size, c.scheme, q.data() + at, &zero);
+        if (asym) zeros[r * groups + gi] = zero;
+      }
+      uint8_t* out = packed + size_t(r) * size_t(w.cols / 2);
+      for (int64_t i = 0; i < w.cols / 2; ++i) out[i] = uint8_t(q[size_t(2 * i)] | (q[size_t(2 * i + 1)] << 4));
+    }
+
+    DeviceBuffer buf(backend, host.size());
+    buf.upload(host.data(), host.size());
+    auto* base = buf.as<uint8_t>();
+    WeightView view;
+    view.dtype = DType::I4;
+    view.rows = w.rows;
+    view.cols = w.cols;
+    view.group_size = c.group_size;
+    view.scales = reinterpret_cast<const float*>(base);
+    view.zeros = asym ? reinterpret_cast<const float*>(base + scale_bytes) : nullptr;
+    view.data = base + scale_bytes * (asym ? 2 : 1);
+    return std::make_unique<Int4Linear>(backend, std::move(buf), view, c.scheme);
+  }
+
+ private:
+  static int64_t checked_group(int64_t g, const std::string& where) {
+    if (g != 32 && g != 64 && g != 128) {
+      throw Error("int4: parameter '" + where + "' is " + std::to_string(g) + "; expected 32, 64 or 128");
+    }
+    return g;
+  }
+
+  static Scheme parse_scheme(const std::string& s, const std::string& where) {
+    if (s == "symmetric") return Scheme::symmetric;
+    if (s == "asymmetric") return Scheme::asymmetric;
+    if (s == "float") return Scheme::keep_float;
+    throw Error("int4: parameter '" + where + "' is \"" + s + "\"; expected symmetric, asymmetric or float");
+  }
+
+  // overrides: [{pattern: "blk.0.*" (or a list), scheme: asymmetric|symmetric|float, group_size: 64}]
+  void parse_overrides(const nlohmann::json& list) {
+    if (list.is_null()) return;
+    if (!list.is_array()) throw Error("int4: parameter 'overrides' must be a list of {pattern, scheme, group_size}");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& item = list[i];
+      const std::string where = "overrides[" + std::to_string(i) + "]";
+      if (!item.is_object()) throw Error("int4: " + where + " must be a map with 'pattern'");
+      Rule rule{{}, base_};
+      for (const auto& [key, v] : item.items()) {
+        if (key == "pattern" || key == "patterns") {
+          if (v.is_string()) {
+            rule.patterns.push_back(v.get<std::string>());
+          } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); })) {
+            for (const auto& e : v) rule.patterns.push_back(e.get<std::string>());
+          } else {
+            throw Error("int4: " + where + "." + key + " must be a string or a list of strings");
+          }
+        } else if (key == "scheme") {
+          if (!v.is_string()) throw Error("int4: " + where + ".scheme must be a string");
+          rule.choice.scheme = parse_scheme(v.get<std::string>(), where + ".scheme");
+        } else if (key == "group_size") {
+          if (!v.is_number_integer()) throw Error("int4: " + where + ".group_size must be an integer");
+          rule.choice.group_size = checked_group(v.get<int64_t>(), where + ".group_size");
+        } else {
+          throw Error("int4: " + where + ": unknown key '" + key + "' (known: pattern, scheme, group_size)");
+        }
+      }
+      if (rule.patterns.empty()) throw Error("int4: " + where + " has no 'pattern'");
+      rules_.push_back(std::move(rule));
+    }
+  }
+
+  // keep_float wins, then the first matching override, then the defaults.
+  Choice choice_for(const std::string& name) const {
+    if (tensor_matches_any(keep_float_, name)) return {Scheme::keep_float, base_.group_size};
+    for (const Rule& r : rules_) {
+      if (tensor_matches_any(r.patterns, name)) return r.choice;
+    }
+    return base_;
+  }
+
+  static std::unique_ptr<Linear> make_float(Backend& backend, const WeightSource& w, const std::string& why) {
+    const DType target = dtype_is_float(w.dtype) ? w.dtype : DType::F32;
+    if (!backend.supports(Op::gemm, target)) {
+      throw Error("quantizer 'int4' keeps " + w.name + " in " + std::string(dtype_name(target)) + " (" + why +
+                  "), but the " + std::string(backend.name()) + " backend lacks gemm on it");
+    }
+    const size_t bytes = dtype_row_bytes(target, w.cols) * size_t(w.rows);
+    DeviceBuffer buf(backend, bytes);
+    if (target == w.dtype) {
+      buf.upload(w.data, bytes);
+    } else {
+      std::vector<float> host(size_t(w.rows * w.cols));
+      const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, host.data() + r * w.cols,
+                       w.cols);
+      }
+      buf.upload(host.data(), bytes);
+    }
+    WeightView view{buf.get(), target, w.rows, w.cols};
+    return std::make_unique<FloatLinear>(backend, std::move(buf), view,
+                                         std::string(dtype_name(target)) + " (" + why + ")");
+  }
+
+  Choice base_;
+  std::vector<std::string> keep_float_;
+  std::vector<Rule> rules_;
+};
+
+void register_int4(Registrar& r) {
+  r.add<Quantizer>(
+      "int4",
+      "Group-wise 4-bit weights (two per byte, float scale per group; asymmetric adds a zero point), "
+      "multiplied from the packed form",
+      {{"group_size", ParamType::integer, 32, "input features per scale group: 32, 64 or 128"},
+       {"scheme", ParamType::string, "symmetric",
+        "symmetric (q-8)*scale, ggml Q4_0 rounding; asymmetric (q-zero)*scale over each group's [min, max]",
+        {"symmetric", "asymmetric"}},
+       {"keep_float", ParamType::string_list, nlohmann::json::array(),
+        "tensor-name patterns kept in float, e.g. [output, \"blk.0.*\"]"},
+       {"overrides", ParamType::object, nlohmann::json::array(),
+        "list of {pattern, scheme: symmetric|asymmetric|float, group_size} for tensors matching pattern; "
+        "the first match wins, keep_float before all"}},
+      [](const Params& p) { return std::make_unique<Int4Quantizer>(p); });
+}
+
+}  // namespace
+}  // namespace tessera
+
+TESSERA_PLUGIN("quant_int4", tessera::register_int4)
