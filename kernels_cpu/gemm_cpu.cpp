@@ -108,7 +108,7 @@ void gemm_rows(const float* x, int64_t m, const WeightView& w, float* y, int64_t
         wr[r] = reinterpret_cast<const float*>(base + size_t(jr) * row_bytes);
       } else {
         float* dst = unpacked.data() + r * k;
-        if (r < rows) dequantize_row(w.dtype, base + size_t(jr) * row_bytes, dst, k);
+        if (r < rows) unpack_row(w.dtype, base + size_t(jr) * row_bytes, dst, k);
         wr[r] = r < rows ? dst : wr[rows - 1];
       }
     }

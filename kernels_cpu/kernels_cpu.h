@@ -32,6 +32,9 @@ void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32
 void attention(const AttentionArgs& args, const KvLayerView& kv);
 void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out);
 
+// Row of any supported weight type to float (vectorised for f16, bf16, Q8_0, Q4_0).
+void unpack_row(DType dtype, const void* src, float* dst, int64_t n);
+
 // Dot product of two float vectors (AVX2+FMA when the CPU has it).
 float dot_f32(const float* a, const float* b, int64_t n);
 
