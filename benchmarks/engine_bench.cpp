@@ -3,6 +3,7 @@
 // synthetic presets (`tessera synth`) can be swapped in; scripts/bench_engine.sh sets them up.
 //
 //   TESSERA_BENCH_MODEL      model for decode concurrency        (default: stories260K f32)
+//   TESSERA_BENCH_QUANTIZER  quantizer plugin for it              (default: none)
 //   TESSERA_BENCH_LONG_MODEL model with >= 1024 context for TTFT (default: TESSERA_BENCH_MODEL)
 #include <benchmark/benchmark.h>
 
@@ -71,7 +72,8 @@ double percentile(std::vector<double> v, double q) {
 // Weights are read once per step for all sequences, so this should grow with N.
 void BM_DecodeConcurrency(benchmark::State& state) {
   const int64_t n = state.range(0);
-  auto p = pipeline(decode_model(), {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "2GiB"}}},
+  auto p = pipeline(decode_model(), {{"quantizer", {{"plugin", env_or("TESSERA_BENCH_QUANTIZER", "none")}}},
+                                     {"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "2GiB"}}},
                                      {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 64}, {"max_batch_tokens", 8192}}}});
   std::mt19937_64 rng(7);
   for (auto _ : state) {
@@ -185,7 +187,7 @@ void BM_ShortTtft(benchmark::State& state) {
     state.counters["short_p50_ttft_ms"] = percentile(ttft, 0.50) * 1000;
     state.counters["tok_per_s"] = double(tokens) / wall;
   }
-  state.SetLabel(std::string(queues ? "long queue (>=200 expected, max_running 1)" : "single queue") + ", " +
+  state.SetLabel(std::string(queues ? "long queue (>=200 expected, max_running 2)" : "single queue") + ", " +
                  std::to_string(kRequests) + " requests at " + std::to_string(int(rate)) + "/s, max_seqs 4, " +
                  p->model().config().name);
 }
