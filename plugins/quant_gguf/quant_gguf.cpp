@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
@@ -14,54 +15,24 @@
 namespace tessera {
 namespace {
 
-class StoredLinear final : public Linear {
- public:
-  StoredLinear(Backend& backend, DeviceBuffer buffer, WeightView view, std::string format)
-      : backend_(backend), buffer_(std::move(buffer)), view_(view), format_(std::move(format)) {}
-  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
-  int64_t in_features() const override { return view_.cols; }
-  int64_t out_features() const override { return view_.rows; }
-  size_t resident_bytes() const override { return buffer_.size(); }
-  std::string format() const override { return format_; }
-  WeightView view() const override { return view_; }
-
- private:
-  Backend& backend_;
-  DeviceBuffer buffer_;
-  WeightView view_;
-  std::string format_;
-};
-
 class GgufQuantizer final : public Quantizer {
  public:
   explicit GgufQuantizer(const Params& p) : keep_float_(p.get_string_list("keep_float")) {}
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
-    const bool keep_float = !dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name);
-    const DType target = keep_float ? DType::F32 : w.dtype;
-    if (!backend.supports(Op::gemm, target)) {
-      throw Error("quantizer 'gguf' runs " + w.name + " as stored (" + std::string(dtype_name(target)) +
+    if (!dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name)) {
+      return make_float_linear(backend, w, DType::F32, "quantizer 'gguf' (keep_float)", "keep_float");
+    }
+    if (!backend.supports(Op::gemm, w.dtype)) {
+      throw Error("quantizer 'gguf' runs " + w.name + " as stored (" + std::string(dtype_name(w.dtype)) +
                   "), but the " + std::string(backend.name()) + " backend lacks gemm on " +
-                  std::string(dtype_name(target)) + "; keep it in float with keep_float: [" + w.name +
+                  std::string(dtype_name(w.dtype)) + "; keep it in float with keep_float: [" + w.name +
                   "] or use quantizer 'none'");
     }
-    const size_t bytes = dtype_row_bytes(target, w.cols) * size_t(w.rows);
-    DeviceBuffer buf(backend, bytes);
-    if (!keep_float) {
-      buf.upload(w.data, bytes);  // as stored, byte for byte
-    } else {
-      std::vector<float> host(size_t(w.rows * w.cols));
-      const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
-      for (int64_t r = 0; r < w.rows; ++r) {
-        dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, host.data() + r * w.cols,
-                       w.cols);
-      }
-      buf.upload(host.data(), bytes);
-    }
-    WeightView view{buf.get(), target, w.rows, w.cols};
-    std::string format(dtype_name(target));
-    if (keep_float) format += " (keep_float)";
-    return std::make_unique<StoredLinear>(backend, std::move(buf), view, std::move(format));
+    DeviceBuffer buf(backend, dtype_row_bytes(w.dtype, w.cols) * size_t(w.rows));
+    buf.upload(w.data, buf.size());  // as stored, byte for byte
+    const WeightView view{buf.get(), w.dtype, w.rows, w.cols};
+    return std::make_unique<BackendLinear>(backend, std::move(buf), view, std::string(dtype_name(w.dtype)));
   }
 
  private:

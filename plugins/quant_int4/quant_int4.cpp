@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
@@ -40,25 +41,6 @@ struct Rule {
 };
 
 std::string scheme_tag(Scheme s) { return s == Scheme::symmetric ? "sym" : "asym"; }
-
-// A weight kept in a float type (as stored, or f32 for block formats).
-class FloatLinear final : public Linear {
- public:
-  FloatLinear(Backend& backend, DeviceBuffer buffer, WeightView view, std::string format)
-      : backend_(backend), buffer_(std::move(buffer)), view_(view), format_(std::move(format)) {}
-  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
-  int64_t in_features() const override { return view_.cols; }
-  int64_t out_features() const override { return view_.rows; }
-  size_t resident_bytes() const override { return buffer_.size(); }
-  std::string format() const override { return format_; }
-  WeightView view() const override { return view_; }
-
- private:
-  Backend& backend_;
-  DeviceBuffer buffer_;
-  WeightView view_;
-  std::string format_;
-};
 
 // One backend buffer: scales [rows][groups], zeros [rows][groups] (asymmetric), packed nibbles
 // [rows][cols/2]. Floats first so that every part is aligned without padding.
@@ -302,28 +284,9 @@ class Int4Quantizer final : public Quantizer {
   }
 
   static std::unique_ptr<Linear> make_float(Backend& backend, const WeightSource& w, const std::string& why) {
-    const DType target = dtype_is_float(w.dtype) ? w.dtype : DType::F32;
-    if (!backend.supports(Op::gemm, target)) {
-      throw Error("quantizer 'int4' keeps " + w.name + " in " + std::string(dtype_name(target)) + " (" + why +
-                  "), but the " + std::string(backend.name()) + " backend lacks gemm on it");
-    }
-    const size_t bytes = dtype_row_bytes(target, w.cols) * size_t(w.rows);
-    DeviceBuffer buf(backend, bytes);
-    if (target == w.dtype) {
-      buf.upload(w.data, bytes);
-    } else {
-      std::vector<float> host(size_t(w.rows * w.cols));
-      const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
-      for (int64_t r = 0; r < w.rows; ++r) {
-        dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, host.data() + r * w.cols,
-                       w.cols);
-      }
-      buf.upload(host.data(), bytes);
-    }
-    WeightView view{buf.get(), target, w.rows, w.cols};
-    return std::make_unique<FloatLinear>(backend, std::move(buf), view,
-                                         std::string(dtype_name(target)) + " (" + why + ")");
+    return make_float_linear(backend, w, std::nullopt, "quantizer 'int4' (" + why + ")", why);
   }
+
 
   Choice base_;
   std::vector<std::string> keep_float_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
@@ -30,26 +31,6 @@ int32_t cpu_variant(const std::string& kernel) {
 // copy of a whole large matrix on the host.
 constexpr size_t kStageBytes = size_t(4) << 20;
 
-class DeviceLinear final : public Linear {
- public:
-  DeviceLinear(Backend& backend, DeviceBuffer data, DeviceBuffer scales, WeightView view, std::string format)
-      : backend_(backend), data_(std::move(data)), scales_(std::move(scales)), view_(view),
-        format_(std::move(format)) {}
-  void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
-  int64_t in_features() const override { return view_.cols; }
-  int64_t out_features() const override { return view_.rows; }
-  size_t resident_bytes() const override { return data_.size() + scales_.size(); }
-  std::string format() const override { return format_; }
-  WeightView view() const override { return view_; }
-
- private:
-  Backend& backend_;
-  DeviceBuffer data_;
-  DeviceBuffer scales_;  // empty for float weights
-  WeightView view_;
-  std::string format_;
-};
-
 class Int8Quantizer final : public Quantizer {
  public:
   explicit Int8Quantizer(const Params& p)
@@ -57,7 +38,9 @@ class Int8Quantizer final : public Quantizer {
         cpu_variant_(cpu_variant(p.get_string("kernel"))) {}
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
-    if (tensor_matches_any(keep_float_, w.name)) return make_float(backend, w);
+    if (tensor_matches_any(keep_float_, w.name)) {
+      return make_float_linear(backend, w, std::nullopt, "quantizer 'int8' (keep_float)");
+    }
     if (!backend.supports(Op::gemm, DType::I8)) {
       throw Error("quantizer 'int8' needs gemm on i8 on the " + std::string(backend.name()) +
                   " backend (tensor " + w.name + "); keep it in float with keep_float or use quantizer 'none'");
@@ -92,7 +75,7 @@ class Int8Quantizer final : public Quantizer {
         throw Error("quantizer 'int8' (tensor " + w.name + "): " + e.what());
       }
     }
-    return std::make_unique<DeviceLinear>(backend, std::move(data), std::move(scales), view, "int8");
+    return std::make_unique<BackendLinear>(backend, std::move(data), view, "int8", std::move(scales));
   }
 
  private:
@@ -113,30 +96,7 @@ class Int8Quantizer final : public Quantizer {
     return scale;
   }
 
-  // As quantizer `none` with dtype auto: float types as stored, GGUF blocks expanded to f32.
-  static std::unique_ptr<Linear> make_float(Backend& backend, const WeightSource& w) {
-    const DType target = dtype_is_float(w.dtype) ? w.dtype : DType::F32;
-    if (!backend.supports(Op::gemm, target)) {
-      throw Error("quantizer 'int8' (keep_float) needs gemm on " + std::string(dtype_name(target)) +
-                  " on the " + std::string(backend.name()) + " backend (tensor " + w.name + ")");
-    }
-    const size_t out_row = dtype_row_bytes(target, w.cols);
-    DeviceBuffer buf(backend, out_row * size_t(w.rows));
-    if (target == w.dtype) {
-      buf.upload(w.data, buf.size());
-    } else {
-      const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
-      const auto* src = static_cast<const uint8_t*>(w.data);
-      std::vector<float> row(size_t(w.cols));
-      for (int64_t r = 0; r < w.rows; ++r) {
-        dequantize_row(w.dtype, src + size_t(r) * in_row, row.data(), w.cols);
-        backend.copy_to_device(buf.as<uint8_t>() + size_t(r) * out_row, row.data(), out_row);
-      }
-    }
-    WeightView view{buf.get(), target, w.rows, w.cols};
-    return std::make_unique<DeviceLinear>(backend, std::move(buf), DeviceBuffer(), view,
-                                          std::string(dtype_name(target)));
-  }
+
 
   std::vector<std::string> keep_float_;
   int32_t cpu_variant_;
