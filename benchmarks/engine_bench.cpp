@@ -13,19 +13,13 @@
 
 #include "tessera/engine.h"
 #include "tessera/pipeline.h"
+#include "bench_registry.h"
 #include "tessera/registry.h"
 
 namespace tessera {
 namespace {
 
-const Registry& registry() {
-  static const Registry* r = [] {
-    auto* reg = new Registry();
-    reg->load_default_paths();
-    return reg;
-  }();
-  return *r;
-}
+using bench::registry;
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);

@@ -13,19 +13,13 @@
 
 #include "tessera/device_buffer.h"
 #include "tessera/quantize_blocks.h"
+#include "bench_registry.h"
 #include "tessera/registry.h"
 
 namespace tessera {
 namespace {
 
-const Registry& registry() {
-  static const Registry* r = [] {
-    auto* reg = new Registry();
-    reg->load_default_paths();
-    return reg;
-  }();
-  return *r;
-}
+using bench::registry;
 
 Backend& cpu() {
   static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", nlohmann::json::object(), "benchmark");
