@@ -6,11 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/device_buffer.h"
 #include "tessera/pipeline.h"
 #include "tessera/registry.h"
 
@@ -56,6 +59,34 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The CPU backend from the real plugin, shared by a test binary.
+inline Backend& cpu_backend() {
+  static std::shared_ptr<Backend> backend = plugins().create<Backend>("cpu", nlohmann::json::object(), "test");
+  return *backend;
+}
+
+// Deterministic uniform floats in [lo, hi).
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// y = l(x) for m rows of x, through CPU backend memory.
+inline std::vector<float> linear_forward(Linear& l, const std::vector<float>& x, int64_t m) {
+  Backend& b = cpu_backend();
+  DeviceBuffer xb(b, std::max<size_t>(1, x.size()) * sizeof(float));
+  DeviceBuffer yb(b, std::max<size_t>(1, size_t(m * l.out_features())) * sizeof(float));
+  if (!x.empty()) xb.upload(x.data(), x.size() * sizeof(float));
+  l.forward(xb.as<float>(), m, yb.as<float>());
+  b.synchronize();
+  std::vector<float> y(size_t(m * l.out_features()));
+  b.copy_to_host(y.data(), yb.get(), y.size() * sizeof(float));
+  return y;
+}
 
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);

@@ -23,6 +23,9 @@ namespace tessera {
 namespace {
 
 using nlohmann::json;
+using test::cpu_backend;
+using test::linear_forward;
+using test::random_floats;
 using testing::HasSubstr;
 
 // stories260K: 5 layers, 4 kv heads, head_dim 8, context 512 -> 2*5*4*8*4 = 1280 bytes per token.
@@ -31,14 +34,9 @@ constexpr int64_t kBytesPerToken = 1280;
 
 const Registry& registry() { return test::plugins(); }
 
-Backend& cpu() {
-  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", json::object(), "test");
-  return *b;
-}
-
 std::shared_ptr<Cache> make(const json& params, const CacheGeometry& g = kStories) {
   auto c = registry().create<Cache>("paged", params, "test");
-  c->configure(cpu(), g);
+  c->configure(cpu_backend(), g);
   return c;
 }
 
@@ -80,7 +78,7 @@ TEST(CachePaged, MemoryDeterminesTheBlockCountExactly) {
 }
 
 TEST(CachePaged, MemoryShareTakesAShareOfTheDevice) {
-  const size_t device = cpu().devices().at(0).memory_bytes;
+  const size_t device = cpu_backend().devices().at(0).memory_bytes;
   ASSERT_GT(device, 0u);
   const double share = 1e-4;  // small enough to allocate in a test
   auto c = make({{"memory", 0}, {"memory_share", share}});
@@ -231,7 +229,7 @@ TEST(CachePaged, HoldsManyMoreShortSequencesThanContiguousInTheSameMemory) {
   // of 16 per 40-token sequence out of 51.
   auto paged = make({{"block_size", 16}, {"memory", "1MiB"}});
   auto contiguous = registry().create<Cache>("contiguous", json{{"memory", "1MiB"}, {"max_seqs", 0}}, "test");
-  contiguous->configure(cpu(), kStories);
+  contiguous->configure(cpu_backend(), kStories);
   const int64_t p = capacity(*paged, 40), c = capacity(*contiguous, 40);
   EXPECT_EQ(c, 1);
   EXPECT_EQ(p, 17);

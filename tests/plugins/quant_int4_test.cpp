@@ -25,34 +25,13 @@ namespace tessera {
 namespace {
 
 using nlohmann::json;
+using test::cpu_backend;
+using test::linear_forward;
+using test::random_floats;
 using testing::HasSubstr;
-
-Backend& cpu() {
-  static std::shared_ptr<Backend> b = test::plugins().create<Backend>("cpu", json::object(), "test");
-  return *b;
-}
 
 std::shared_ptr<Quantizer> int4(const json& params) {
   return test::plugins().create<Quantizer>("int4", params, "test");
-}
-
-std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<float> forward(Linear& l, const std::vector<float>& x, int64_t m) {
-  Backend& b = cpu();
-  DeviceBuffer xb(b, x.size() * 4), yb(b, size_t(m * l.out_features()) * 4);
-  xb.upload(x.data(), x.size() * 4);
-  l.forward(xb.as<float>(), m, yb.as<float>());
-  b.synchronize();
-  std::vector<float> y(size_t(m * l.out_features()));
-  b.copy_to_host(y.data(), yb.get(), y.size() * 4);
-  return y;
 }
 
 // The matrix an int4 view stands for (the CPU backend's memory is host memory).
@@ -91,7 +70,7 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t i = 0; i < k; ++i) w[size_t(r * k + i)] = w[size_t(r * k + i)] * row_scale[size_t(r)] + 0.1f;
         }
-        auto linear = q->make_linear(cpu(), {"blk.1.ffn_up.weight", DType::F32, w.data(), rows, k});
+        auto linear = q->make_linear(cpu_backend(), {"blk.1.ffn_up.weight", DType::F32, w.data(), rows, k});
         const std::string want_format = "int4/g" + std::to_string(c.group) + "/" +
                                         (c.scheme == "symmetric" ? "sym" : "asym");
         ASSERT_EQ(linear->format(), want_format);
@@ -105,7 +84,7 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
           SCOPED_TRACE(c.scheme + " g" + std::to_string(c.group) + " k=" + std::to_string(k) +
                        " rows=" + std::to_string(rows) + " m=" + std::to_string(m));
           const auto x = random_floats(size_t(m * k), seed + 7 + uint64_t(m), -2, 2);
-          const auto y = forward(*linear, x, m);
+          const auto y = linear_forward(*linear, x, m);
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t r = 0; r < rows; ++r) {
               double stored = 0, x_bound = 0;
@@ -147,8 +126,8 @@ TEST(Int4, StoredWeightsAreWithinAStepAndAsymmetricFitsShiftedRanges) {
   // range, is the finer one.
   std::vector<float> w(32);
   for (int i = 0; i < 32; ++i) w[size_t(i)] = -1.0f + 2.5f * float(i) / 31.0f;
-  auto sym = int4({{"scheme", "symmetric"}})->make_linear(cpu(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
-  auto asym = int4({{"scheme", "asymmetric"}})->make_linear(cpu(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
+  auto sym = int4({{"scheme", "symmetric"}})->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
+  auto asym = int4({{"scheme", "asymmetric"}})->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
   const auto ds = dequantize(sym->view()), da = dequantize(asym->view());
   const float ss = std::fabs(sym->view().scales[0]), sa = asym->view().scales[0];
   EXPECT_NEAR(ss, 1.5f / 8, 0.2f * 1.5f / 8);
@@ -172,8 +151,8 @@ TEST(Int4, FromEveryFloatAndBlockSource) {
   std::vector<float> q8_values(w.size());
   for (int64_t r = 0; r < rows; ++r) dequantize_row(DType::Q8_0, q8.data() + r * 68, q8_values.data() + r * k, k);
   auto q = int4(json::object());
-  auto a = q->make_linear(cpu(), {"blk.0.attn_q.weight", DType::Q8_0, q8.data(), rows, k});
-  auto b = q->make_linear(cpu(), {"blk.0.attn_q.weight", DType::F32, q8_values.data(), rows, k});
+  auto a = q->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::Q8_0, q8.data(), rows, k});
+  auto b = q->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, q8_values.data(), rows, k});
   EXPECT_EQ(dequantize(a->view()), dequantize(b->view()));
 }
 
@@ -212,7 +191,7 @@ TEST(Int4, KeepFloatOverridesAndFallbackChooseTheFormatPerTensor) {
   const int64_t rows = 7, k = 64;
   const auto w = random_floats(size_t(rows * k), 9);
   auto make = [&](const std::string& name, int64_t cols = 64) {
-    return q->make_linear(cpu(), {name, DType::F32, w.data(), rows * k / cols, cols});
+    return q->make_linear(cpu_backend(), {name, DType::F32, w.data(), rows * k / cols, cols});
   };
   EXPECT_EQ(make("output.weight")->format(), "f32 (keep_float)");
   EXPECT_EQ(make("blk.0.attn_q.weight")->format(), "f32 (keep_float)");  // keep_float before overrides
@@ -225,7 +204,7 @@ TEST(Int4, KeepFloatOverridesAndFallbackChooseTheFormatPerTensor) {
   // Float tensors compute exactly what f32 does.
   auto kept = make("output.weight");
   const auto x = random_floats(size_t(3 * k), 10);
-  const auto y = forward(*kept, x, 3);
+  const auto y = linear_forward(*kept, x, 3);
   for (int64_t i = 0; i < 3; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
       double want = 0;

@@ -30,40 +30,21 @@ namespace tessera {
 namespace {
 
 using nlohmann::json;
+using test::cpu_backend;
+using test::linear_forward;
+using test::random_floats;
 using testing::HasSubstr;
 
 const Registry& registry() { return test::plugins(); }
-
-Backend& cpu() {
-  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", json::object(), "test");
-  return *b;
-}
 
 std::shared_ptr<Quantizer> int8(const json& params = json::object()) {
   return registry().create<Quantizer>("int8", params, "test");
 }
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 DeviceBuffer upload(const std::vector<float>& host) {
-  DeviceBuffer b(cpu(), std::max<size_t>(1, host.size()) * sizeof(float));
+  DeviceBuffer b(cpu_backend(), std::max<size_t>(1, host.size()) * sizeof(float));
   if (!host.empty()) b.upload(host.data(), host.size() * sizeof(float));
   return b;
-}
-
-std::vector<float> forward(Linear& l, const std::vector<float>& x, int64_t m) {
-  DeviceBuffer xb = upload(x);
-  DeviceBuffer yb(cpu(), size_t(m * l.out_features() + 1) * sizeof(float));
-  l.forward(xb.as<float>(), m, yb.as<float>());
-  std::vector<float> y(size_t(m * l.out_features()));
-  cpu().copy_to_host(y.data(), yb.get(), y.size() * sizeof(float));
-  return y;
 }
 
 // The int8 matrix and its scales as the backend holds them.
@@ -76,8 +57,8 @@ struct Stored {
 Stored download(const Linear& l) {
   const WeightView v = l.view();
   Stored s{std::vector<int8_t>(size_t(v.rows * v.cols)), std::vector<float>(size_t(v.rows))};
-  cpu().copy_to_host(s.q.data(), v.data, s.q.size());
-  cpu().copy_to_host(s.scales.data(), v.scales, s.scales.size() * sizeof(float));
+  cpu_backend().copy_to_host(s.q.data(), v.data, s.q.size());
+  cpu_backend().copy_to_host(s.scales.data(), v.scales, s.scales.size() * sizeof(float));
   return s;
 }
 
@@ -87,8 +68,8 @@ Stored download(const Linear& l) {
 void check_case(int64_t m, int64_t n, int64_t k, std::vector<float> w, std::vector<float> x, const std::string& what) {
   SCOPED_TRACE(what + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
   const WeightSource src{"blk.0.ffn_up.weight", DType::F32, w.data(), n, k};
-  auto fast = int8()->make_linear(cpu(), src);
-  auto ref = int8({{"kernel", "reference"}})->make_linear(cpu(), src);
+  auto fast = int8()->make_linear(cpu_backend(), src);
+  auto ref = int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src);
   ASSERT_EQ(fast->format(), "int8");
   EXPECT_EQ(fast->view().dtype, DType::I8);
   EXPECT_EQ(fast->resident_bytes(), size_t(n * k) + size_t(n) * sizeof(float));
@@ -105,8 +86,8 @@ void check_case(int64_t m, int64_t n, int64_t k, std::vector<float> w, std::vect
     }
   }
 
-  const auto y = forward(*fast, x, m);
-  const auto y_ref = forward(*ref, x, m);
+  const auto y = linear_forward(*fast, x, m);
+  const auto y_ref = linear_forward(*ref, x, m);
   EXPECT_EQ(y, y_ref) << "avx2 and the scalar reference accumulate the same int32 products";
   for (int64_t i = 0; i < m; ++i) {
     float xmax = 0;
@@ -149,9 +130,9 @@ TEST(QuantInt8, ExtremeRows) {
   x[size_t(2 * k + 170)] = 7e3f;               // x row 2: huge activation in the scalar tail
   check_case(m, n, k, w, x, "extreme");
 
-  auto lin = int8()->make_linear(cpu(), {"t", DType::F32, w.data(), n, k});
+  auto lin = int8()->make_linear(cpu_backend(), {"t", DType::F32, w.data(), n, k});
   EXPECT_EQ(download(*lin).scales[0], 0.0f);
-  const auto y = forward(*lin, x, m);
+  const auto y = linear_forward(*lin, x, m);
   for (int64_t j = 0; j < n; ++j) EXPECT_EQ(y[size_t(j)], 0.0f) << "zero x row";
   for (int64_t i = 0; i < m; ++i) EXPECT_EQ(y[size_t(i * n)], 0.0f) << "zero W row";
   // W row 1 is 1e6 at column 100 and zero elsewhere once quantized; x row 3 is ordinary (|x| < 1),
@@ -167,19 +148,19 @@ TEST(QuantInt8, ThreadedKernelMatchesTheReference) {
   const auto w = random_floats(size_t(n * k), 21);
   const auto x = random_floats(size_t(m * k), 22, -5, 5);
   const WeightSource src{"blk.1.attn_q.weight", DType::F32, w.data(), n, k};
-  cpu().set_threads(4);
-  auto fast = int8()->make_linear(cpu(), src);
-  auto ref = int8({{"kernel", "reference"}})->make_linear(cpu(), src);
-  EXPECT_EQ(forward(*fast, x, m), forward(*ref, x, m));
-  cpu().set_threads(1);
-  const auto one_thread = forward(*fast, x, m);
-  cpu().set_threads(4);
-  EXPECT_EQ(forward(*fast, x, m), one_thread);
+  cpu_backend().set_threads(4);
+  auto fast = int8()->make_linear(cpu_backend(), src);
+  auto ref = int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src);
+  EXPECT_EQ(linear_forward(*fast, x, m), linear_forward(*ref, x, m));
+  cpu_backend().set_threads(1);
+  const auto one_thread = linear_forward(*fast, x, m);
+  cpu_backend().set_threads(4);
+  EXPECT_EQ(linear_forward(*fast, x, m), one_thread);
   // Row i of a batch equals that row alone (decode vs prefill).
   const std::vector<float> row7(x.begin() + 7 * k, x.begin() + 8 * k);
-  const auto y = forward(*fast, x, m), y7 = forward(*fast, row7, 1);
+  const auto y = linear_forward(*fast, x, m), y7 = linear_forward(*fast, row7, 1);
   EXPECT_EQ(y7, std::vector<float>(y.begin() + 7 * n, y.begin() + 8 * n));
-  cpu().set_threads(int(std::max(1u, std::thread::hardware_concurrency())));  // the default again
+  cpu_backend().set_threads(int(std::max(1u, std::thread::hardware_concurrency())));  // the default again
 }
 
 TEST(QuantInt8, QuantizesFromHalfAndBlockSources) {
@@ -187,7 +168,7 @@ TEST(QuantInt8, QuantizesFromHalfAndBlockSources) {
   const auto w = random_floats(size_t(n * k), 31);
   std::vector<uint16_t> h(w.size());
   for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_fp16(w[i]);
-  auto lin = int8()->make_linear(cpu(), {"blk.0.attn_k.weight", DType::F16, h.data(), n, k});
+  auto lin = int8()->make_linear(cpu_backend(), {"blk.0.attn_k.weight", DType::F16, h.data(), n, k});
   EXPECT_EQ(lin->format(), "int8");
   const Stored s = download(*lin);
   for (int64_t r = 0; r < n; ++r) {
@@ -203,12 +184,12 @@ TEST(QuantInt8, KeepFloatKeepsMatchingTensorsAsQuantizerNoneWould) {
   const auto w = random_floats(size_t(n * k), 41);
   std::vector<uint16_t> h(w.size());
   for (size_t i = 0; i < w.size(); ++i) h[i] = f32_to_fp16(w[i]);
-  EXPECT_EQ(q->make_linear(cpu(), {"output.weight", DType::F32, w.data(), n, k})->format(), "f32");
-  EXPECT_EQ(q->make_linear(cpu(), {"blk.0.attn_q.weight", DType::F16, h.data(), n, k})->format(), "f16");
-  EXPECT_EQ(q->make_linear(cpu(), {"blk.1.attn_q.weight", DType::F32, w.data(), n, k})->format(), "int8");
-  EXPECT_EQ(q->make_linear(cpu(), {"blk.10.attn_q.weight", DType::F32, w.data(), n, k})->format(), "int8");
+  EXPECT_EQ(q->make_linear(cpu_backend(), {"output.weight", DType::F32, w.data(), n, k})->format(), "f32");
+  EXPECT_EQ(q->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F16, h.data(), n, k})->format(), "f16");
+  EXPECT_EQ(q->make_linear(cpu_backend(), {"blk.1.attn_q.weight", DType::F32, w.data(), n, k})->format(), "int8");
+  EXPECT_EQ(q->make_linear(cpu_backend(), {"blk.10.attn_q.weight", DType::F32, w.data(), n, k})->format(), "int8");
   // A kept f32 weight computes exactly what the float gemm does.
-  auto kept = q->make_linear(cpu(), {"output.weight", DType::F32, w.data(), n, k});
+  auto kept = q->make_linear(cpu_backend(), {"output.weight", DType::F32, w.data(), n, k});
   EXPECT_EQ(kept->resident_bytes(), size_t(n * k) * sizeof(float));
 
   // On the real model: stories260K has 5 blocks x 7 linears + output.
@@ -270,7 +251,7 @@ class NoI8Backend final : public Backend {
 };
 
 TEST(QuantInt8, RefusesABackendWithoutI8GemmNamingBackendAndTensor) {
-  NoI8Backend b(cpu());
+  NoI8Backend b(cpu_backend());
   const auto w = random_floats(64, 51);
   try {
     int8()->make_linear(b, {"blk.3.ffn_down.weight", DType::F32, w.data(), 2, 32});
