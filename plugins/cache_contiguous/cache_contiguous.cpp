@@ -77,6 +77,11 @@ class ContiguousCache final : public Cache {
     if (it != seqs_.end()) it->second.tokens = tokens;
   }
 
+  void truncate(SeqId seq, int64_t tokens) override {
+    auto it = seqs_.find(seq);
+    if (it != seqs_.end()) it->second.tokens = std::min(it->second.tokens, std::max<int64_t>(tokens, 0));
+  }
+
   void release(SeqId seq) override {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;

@@ -139,6 +139,19 @@ class PagedCache final : public Cache {
     it->second.computed = std::clamp<int64_t>(tokens, 0, int64_t(it->second.table.size()) * block_size_);
   }
 
+  void truncate(SeqId seq, int64_t tokens) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return;
+    Sequence& s = it->second;
+    tokens = std::max<int64_t>(tokens, 0);
+    s.computed = std::min(s.computed, tokens);
+    const auto keep = size_t(blocks_for(tokens));
+    while (s.table.size() > keep) {
+      pool_->release(s.table.back());
+      s.table.pop_back();
+    }
+  }
+
   void release(SeqId seq) override {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -47,6 +48,16 @@ struct CachePlan {
   std::vector<CacheGrant> grants;  // one per request, same order
 };
 
+// Prefix reuse counters (zero for caches that do not reuse), globally and per user.
+struct PrefixStats {
+  int64_t lookups = 0;          // requests that looked up a prefix
+  int64_t lookup_tokens = 0;    // prompt tokens those requests brought
+  int64_t hit_tokens = 0;       // of which were found cached (= prefill tokens saved)
+  int64_t cached_blocks = 0;    // full blocks held for reuse now
+  int64_t evictions = 0;        // cached blocks evicted to make room
+  double hit_rate() const { return lookup_tokens == 0 ? 0.0 : double(hit_tokens) / double(lookup_tokens); }
+};
+
 struct CacheStats {
   int64_t block_size = 0;
   int64_t blocks_total = 0;
@@ -56,6 +67,8 @@ struct CacheStats {
   size_t bytes_used = 0;
   int64_t tokens_stored = 0;   // tokens whose KV the pool holds
   int64_t slots_allocated = 0;  // token slots in allocated blocks
+  PrefixStats prefix;
+  std::map<std::string, PrefixStats> users;
   double fragmentation() const {  // share of allocated slots that hold no token
     return slots_allocated == 0 ? 0.0 : 1.0 - double(tokens_stored) / double(slots_allocated);
   }
@@ -72,6 +85,9 @@ class Cache {
   // Records that the first `tokens` tokens of `seq` now hold valid KV.
   virtual void mark_computed(SeqId seq, int64_t tokens) = 0;
   virtual void release(SeqId seq) = 0;
+  // Forgets the KV of `seq` past its first `tokens` tokens (rejected speculative tokens) and gives
+  // back the blocks no longer needed.
+  virtual void truncate(SeqId seq, int64_t tokens) = 0;
   virtual KvLayerView layer(int64_t index) const = 0;
   virtual std::span<const int32_t> block_table(SeqId seq) const = 0;
   virtual CacheStats stats() const = 0;

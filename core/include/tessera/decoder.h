@@ -14,8 +14,16 @@ struct SamplingParams {
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;
   double min_p = 0.0;
-  double repetition_penalty = 1.0;
+  double repetition_penalty = 1.0;  // divides positive logits of seen tokens (1 = off)
+  double frequency_penalty = 0.0;   // minus penalty x count of each generated token (OpenAI style)
+  double presence_penalty = 0.0;    // minus penalty once for each token already generated
+  int64_t logprobs = 0;             // alternatives reported per generated token (0 = only the chosen one's)
   uint64_t seed = 0;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;  // natural log of the probability under the model (before sampling filters)
 };
 
 // Throws tessera::Error naming the field and value when out of range.
@@ -28,8 +36,11 @@ struct DecodeItem {
   int64_t vocab = 0;
   SamplingParams params;
   std::span<const int32_t> history;  // prompt and generated tokens so far
+  int64_t prompt_tokens = 0;         // history[0, prompt_tokens) is the prompt (penalties count the rest)
   uint64_t* rng_state = nullptr;     // per sequence: same seed, same output, whatever the batch
   std::vector<int32_t> tokens;       // out: the chosen token(s)
+  std::vector<float> logprobs;       // out: log-probability of each chosen token
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // out: params.logprobs best per chosen token
 };
 
 class Decoder {

@@ -33,14 +33,23 @@ struct GenerationRequest {
   bool retain = true;
   bool ignore_eos = false;
   std::vector<int32_t> stop_tokens;  // in addition to EOS
+  // Generation ends when the text contains one of these; the result's text stops before it.
+  std::vector<std::string> stop;
   // Called for every generated token, in order.
   std::function<void(RequestId, int32_t token)> on_token;
+  // Called with generated text as soon as it can no longer become part of a stop string
+  // (concatenated, the pieces equal GenerationResult::text).
+  std::function<void(RequestId, std::string_view text)> on_text;
 };
 
 struct GenerationResult {
   RequestId id = 0;
   std::vector<int32_t> prompt;
   std::vector<int32_t> tokens;
+  std::string text;  // detokenized output, cut before a matched stop string
+  std::vector<float> logprobs;                          // per generated token
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // per generated token, when requested
+  int64_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   FinishReason reason = FinishReason::none;
   double submitted = 0;    // engine clock, seconds
   double admitted = 0;     // first scheduled
