@@ -5,10 +5,14 @@
 
 #include "commands.h"
 #include "tessera/error.h"
+#include "tessera/plugin.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera: a Llama-family inference engine built from runtime-loaded plugins"};
-  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  // The plugin ABI and build identity a plugin must match to load (docs/abi_policy.md).
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION + " (plugin ABI " +
+                                        std::to_string(TESSERA_ABI_VERSION) + ", build identity '" +
+                                        TESSERA_BUILD_ID + "')");
   app.require_subcommand(1);
   tessera::cli::add_run_command(app);
   tessera::cli::add_plugins_command(app);

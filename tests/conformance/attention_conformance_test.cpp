@@ -26,7 +26,7 @@ class AttentionConformance : public testing::TestWithParam<std::string> {};
 
 TEST(AttentionPlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::attention).empty())
-      << "no attention plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+      << "no attention plugin in " << plugin_source() << "\n" << load_failures();
 }
 
 // One sequence's whole history: K/V/Q rows for every position it will ever have.

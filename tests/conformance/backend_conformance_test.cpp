@@ -132,7 +132,7 @@ TEST(BackendPlugins, EveryLibraryInThePluginDirectoryLoads) { EXPECT_EQ(load_fai
 
 TEST(BackendPlugins, AtLeastTheCpuBackendIsLoaded) {
   const auto names = plugin_names(ComponentKind::backend);
-  ASSERT_FALSE(names.empty()) << "no backend plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+  ASSERT_FALSE(names.empty()) << "no backend plugin in " << plugin_source() << "\n" << load_failures();
   EXPECT_NE(std::find(names.begin(), names.end(), "cpu"), names.end());
 }
 

@@ -81,7 +81,7 @@ class CacheConformance : public testing::TestWithParam<std::string> {
 
 TEST(CachePlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::cache).empty())
-      << "no cache plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+      << "no cache plugin in " << plugin_source() << "\n" << load_failures();
 }
 
 TEST_P(CacheConformance, LayersDescribeTheGeometry) {

@@ -3,19 +3,64 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 
 namespace tessera::conformance {
 
+namespace {
+
+Target& target() {
+  static Target t;
+  return t;
+}
+
+// The target libraries as the registry names them (PluginEntry::library is canonical).
+std::vector<std::string> canonical_libraries() {
+  std::vector<std::string> out;
+  for (const std::string& lib : target().libraries) out.push_back(std::filesystem::weakly_canonical(lib).string());
+  return out;
+}
+
+void load(Registry& reg) {
+#ifdef TESSERA_PLUGIN_DIR
+  if (target().libraries.empty()) {
+    reg.load_directory(TESSERA_PLUGIN_DIR);
+    return;
+  }
+#endif
+  reg.load_default_paths();
+  // A library already found on the search path is not loaded twice; one that was refused there is
+  // tried again here, so its refusal (ABI, build identity, duplicate name) is thrown, not listed.
+  for (const std::string& lib : target().libraries) reg.load_library(lib);
+}
+
+}  // namespace
+
+void set_target(Target t) { target() = std::move(t); }
+
 Registry& registry() {
   static Registry reg;
-  static const bool loaded = (reg.load_directory(TESSERA_PLUGIN_DIR), true);
+  static const bool loaded = (load(reg), true);
   (void)loaded;
   return reg;
 }
 
+std::string plugin_source() {
+#ifdef TESSERA_PLUGIN_DIR
+  if (target().libraries.empty()) return TESSERA_PLUGIN_DIR;
+#endif
+  std::string out;
+  for (const auto& lib : target().libraries) out += (out.empty() ? "" : ", ") + lib;
+  for (const auto& dir : Registry::default_search_path()) out += (out.empty() ? "" : ", ") + dir.string();
+  return out;
+}
+
 std::vector<std::string> plugin_names(ComponentKind kind) {
+  const std::vector<std::string> libs = canonical_libraries();
   std::vector<std::string> names;
-  for (const PluginEntry* e : registry().entries(kind)) names.push_back(e->name);
+  for (const PluginEntry* e : registry().entries(kind)) {
+    if (libs.empty() || std::find(libs.begin(), libs.end(), e->library) != libs.end()) names.push_back(e->name);
+  }
   std::sort(names.begin(), names.end());
   return names;
 }

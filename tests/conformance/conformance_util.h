@@ -22,11 +22,28 @@
 
 namespace tessera::conformance {
 
-// Loaded once from TESSERA_PLUGIN_DIR and kept for the life of the process.
+// What the suites run against. The in-tree test binary leaves it unset and loads the build's
+// plugin directory (TESSERA_PLUGIN_DIR); tessera-conformance (conformance_main.cpp) sets it before
+// gtest instantiates the suites, to test libraries given by path.
+struct Target {
+  // Extra libraries to load after the default search path; when non-empty, the suites run only
+  // the plugins these libraries register (the rest are loaded as the platform they run on, e.g.
+  // the cpu backend that component plugins need).
+  std::vector<std::string> libraries;
+};
+void set_target(Target target);  // before the first registry() call
+
+// Loaded once and kept for the life of the process: TESSERA_PLUGIN_DIR in the in-tree tests; the
+// default search path (TESSERA_PLUGIN_PATH, beside libtessera_core, the install prefix) plus the
+// target's libraries in tessera-conformance. Throws Error when a target library is refused.
 Registry& registry();
 
-// Names of every loaded plugin of `kind`, sorted. Used as the parameter list of each suite, so
-// every plugin of the kind is exercised.
+// Where plugins come from, for messages ("the plugin directory X" or the search path).
+std::string plugin_source();
+
+// Names of the loaded plugins of `kind` under test (all of them, or those the target libraries
+// register), sorted. Used as the parameter list of each suite, so every plugin of the kind is
+// exercised.
 std::vector<std::string> plugin_names(ComponentKind kind);
 
 // Libraries in the plugin directory that failed to load, one per line ("" when none).

@@ -75,7 +75,7 @@ int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.
 
 TEST(DecoderPlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::decoder).empty())
-      << "no decoder plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+      << "no decoder plugin in " << plugin_source() << "\n" << load_failures();
 }
 
 TEST(SamplingValidation, RejectsOutOfRangeValuesNamingTheField) {

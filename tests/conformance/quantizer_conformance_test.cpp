@@ -159,7 +159,7 @@ void check_linears(Quantizer& q) {
 
 TEST(QuantizerPlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::quantizer).empty())
-      << "no quantizer plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+      << "no quantizer plugin in " << plugin_source() << "\n" << load_failures();
 }
 
 TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {

@@ -192,7 +192,7 @@ class SchedulerConformance : public testing::TestWithParam<std::string> {
 
 TEST(SchedulerPlugins, AtLeastOneIsLoaded) {
   EXPECT_FALSE(plugin_names(ComponentKind::scheduler).empty())
-      << "no scheduler plugin in " << TESSERA_PLUGIN_DIR << "\n" << load_failures();
+      << "no scheduler plugin in " << plugin_source() << "\n" << load_failures();
 }
 
 TEST_P(SchedulerConformance, EveryRequestFinishesWithAmpleMemory) {
