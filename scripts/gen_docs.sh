@@ -37,7 +37,7 @@ for name in $(echo "$committed" | backend_names); do
 done
 for name in "${missing[@]}"; do
   echo "gen_docs: backend '$name' is not built here; its documented section is kept unchecked" >&2
-  generated+=$'\n'"$(echo "$committed" | backend_block "$name")"
+  generated+=$'\n\n'"$(echo "$committed" | backend_block "$name")"
 done
 # Keep the backend sections sorted by name, as tessera prints them, whatever was carried over.
 if [ ${#missing[@]} -gt 0 ]; then
@@ -45,9 +45,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   intro=$(echo "$generated" | awk '/^## backend$/{on=1} on && /^### /{exit} on{print}')
   blocks=""
   for name in $(echo "$generated" | backend_names | sort -u); do
-    blocks+="$(echo "$generated" | backend_block "$name")"$'\n'
+    blocks+="$(echo "$generated" | backend_block "$name")"$'\n\n'
   done
-  generated="$head_part"$'\n'"$intro"$'\n'"$blocks"
+  generated="$head_part"$'\n\n'"$intro"$'\n\n'"$blocks"
 fi
 generated=$(echo "$generated" | cat -s)  # one blank line between blocks, none trailing
 

@@ -52,18 +52,18 @@ step "the example's tests (behaviour + tessera-conformance --library)"
 ctest --test-dir "$example" --output-on-failure || fail "the example's tests"
 out=$("$prefix/bin/tessera-conformance" --library "$lib" --kind scheduler --gtest_brief=1) \
   || { echo "$out"; fail "tessera-conformance --library $lib"; }
-echo "$out" | grep -q "testing scheduler 'priority_fair' from $lib" || { echo "$out"; fail "conformance did not test priority_fair"; }
-echo "$out" | grep -E "^\[  PASSED  \] [0-9]+ tests" || { echo "$out"; fail "conformance reported no passed tests"; }
+grep -q "testing scheduler 'priority_fair' from $lib" <<<"$out" || { echo "$out"; fail "conformance did not test priority_fair"; }
+grep -E "^\[  PASSED  \] [0-9]+ tests" <<<"$out" || { echo "$out"; fail "conformance reported no passed tests"; }
 if out=$("$prefix/bin/tessera-conformance" --library "$prefix/lib/libtessera_core.so" 2>&1); then
   fail "tessera-conformance accepted a library that is not a plugin"
 fi
-echo "$out" | grep -q "not a Tessera plugin" || { echo "$out"; fail "no clear refusal for a non-plugin library"; }
+grep -q "not a Tessera plugin" <<<"$out" || { echo "$out"; fail "no clear refusal for a non-plugin library"; }
 
 step "the installed tessera loads it from TESSERA_PLUGIN_PATH"
 listing=$(TESSERA_PLUGIN_PATH="$example" "$prefix/bin/tessera" plugins 2>&1)
-echo "$listing" | grep -q "^scheduler priority_fair " || { echo "$listing"; fail "tessera plugins does not list priority_fair"; }
-echo "$listing" | grep -q "library: $lib" || { echo "$listing"; fail "priority_fair is not loaded from $lib"; }
-! echo "$listing" | grep -q "^warning:" || { echo "$listing"; fail "a plugin library was refused"; }
+grep -q "^scheduler priority_fair " <<<"$listing" || { echo "$listing"; fail "tessera plugins does not list priority_fair"; }
+grep -q "library: $lib" <<<"$listing" || { echo "$listing"; fail "priority_fair is not loaded from $lib"; }
+! grep -q "^warning:" <<<"$listing" || { echo "$listing"; fail "a plugin library was refused"; }
 
 step "tessera run with a pipeline that uses it"
 model=$(cache_value TESSERA_SHARED_DIR)/models/stories260K/stories260K-f32.gguf
@@ -81,8 +81,9 @@ echo "3 prompts, 24 tokens each: same greedy tokens as the default pipeline"
 
 step "installed beside the SDK, it is found without TESSERA_PLUGIN_PATH"
 cmake --install "$example" --prefix "$prefix" >/dev/null
-"$prefix/bin/tessera" plugins | grep -q "library: $prefix/lib/tessera/plugins/libtessera_priority_fair.so" \
-  || fail "tessera does not find the plugin installed in $prefix/lib/tessera/plugins"
+listing=$("$prefix/bin/tessera" plugins 2>&1)
+grep -q "library: $prefix/lib/tessera/plugins/libtessera_priority_fair.so" <<<"$listing" \
+  || { echo "$listing"; fail "tessera does not find the plugin installed in $prefix/lib/tessera/plugins"; }
 
 rm -rf "$work"
 echo "sdk_check: OK"

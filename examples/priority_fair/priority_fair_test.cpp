@@ -85,14 +85,16 @@ std::shared_ptr<Scheduler> make(const std::string& name, nlohmann::json params) 
 TEST(PriorityFair, StrictPriorityStarvesTheLowClass) {
   // The problem this plugin solves, shown on the in-tree scheduler.
   auto sched = make("continuous", {{"max_seqs", 2}});
-  const Counts c = run(*sched, 200);
+  Counts c = run(*sched, 200);
   EXPECT_GT(c.admitted[1], 50);
-  EXPECT_EQ(c.admitted[0], 0);
+  // Only at the first step, before a queue formed; after that every low-priority request waits.
+  EXPECT_LE(c.admitted[0], 1);
+  EXPECT_GE(c.waiting_at_end[0], 199);
 }
 
 TEST(PriorityFair, LowPriorityGetsItsWeightedShare) {
   auto sched = make("priority_fair", {{"max_seqs", 2}});  // priority_weight 2: shares 2 : 1
-  const Counts c = run(*sched, 200);
+  Counts c = run(*sched, 200);
   const int total = c.admitted[0] + c.admitted[1];
   ASSERT_GT(total, 50);
   const double low_share = double(c.admitted[0]) / total;
@@ -101,7 +103,7 @@ TEST(PriorityFair, LowPriorityGetsItsWeightedShare) {
 
 TEST(PriorityFair, WeightOneSharesEqually) {
   auto sched = make("priority_fair", {{"max_seqs", 2}, {"priority_weight", 1.0}});
-  const Counts c = run(*sched, 200);
+  Counts c = run(*sched, 200);
   EXPECT_LE(std::abs(c.admitted[0] - c.admitted[1]), 2) << c.admitted[1] << " high vs " << c.admitted[0] << " low";
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 
+#include "tessera/plugin.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -73,6 +74,37 @@ TEST(Cli, PluginsJsonListsKindNameLibraryAndParameters) {
     }
   }
   EXPECT_TRUE(found) << o.text;
+}
+
+TEST(Cli, PluginsMarkdownDocumentsEveryParameterWithoutMachinePaths) {
+  const Output o = tessera_cmd("plugins --format markdown");
+  ASSERT_EQ(o.status, 0) << o.text;
+  for (const char* kind : {"quantizer", "attention", "cache", "scheduler", "decoder", "backend"}) {
+    EXPECT_NE(("\n" + o.text).find(std::string("\n## ") + kind + "\n"), std::string::npos) << kind;
+  }
+  EXPECT_NE(o.text.find("### `fcfs`\n\nFirst come, first served"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("| `max_seqs` | integer | `16` | sequences running at once |"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("| `kernel` | string: `avx2`, `reference` | `\"avx2\"` |"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find(".so"), std::string::npos) << "library paths differ per machine: " << o.text;
+}
+
+TEST(Cli, PluginsMarkdownRefusesWhenALibraryFailsToLoad) {
+  // A reference missing a plugin would be wrong without saying so.
+  test::TempDir dir;
+  std::filesystem::copy_file(TESSERA_TEST_LIB_DIR "/libtestlib_bad_abi.so", dir.path() + "/libtessera_bad_abi.so");
+  ::setenv("TESSERA_PLUGIN_PATH", dir.path().c_str(), 1);
+  const Output o = tessera_cmd("plugins --format markdown");
+  ::unsetenv("TESSERA_PLUGIN_PATH");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("cannot document every plugin"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("libtessera_bad_abi.so: plugin ABI version"), std::string::npos) << o.text;
+}
+
+TEST(Cli, VersionNamesThePluginAbiAndBuildIdentity) {
+  const Output o = tessera_cmd("--version");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("plugin ABI " + std::to_string(TESSERA_ABI_VERSION)), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find(TESSERA_BUILD_ID), std::string::npos) << o.text;
 }
 
 TEST(Cli, EvalPrintsThePerplexity) {
