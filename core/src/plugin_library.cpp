@@ -1,5 +1,6 @@
 #include "plugin_library.h"
 
+#include <cstddef>
 #include <string>
 
 #include "tessera/error.h"
@@ -25,7 +26,12 @@ PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.str
                 ", but this Tessera expects " + std::to_string(TESSERA_ABI_VERSION) +
                 "; rebuild the plugin against this SDK");
   }
-  if (manifest_->manifest_size < sizeof(PluginManifest)) {
+  // The manifest is append-only: a plugin built before a field was added has a shorter one, which
+  // is fine as long as it holds the fields of the first layout (later ones are read only when
+  // manifest_size covers them).
+  constexpr size_t kFirstLayoutSize =
+      offsetof(PluginManifest, register_components) + sizeof(PluginManifest::register_components);
+  if (manifest_->manifest_size < kFirstLayoutSize) {
     throw Error(path_ + ": plugin manifest is truncated (" +
                 std::to_string(manifest_->manifest_size) + " bytes)");
   }
