@@ -165,18 +165,13 @@ void PrefixStore::evict(int32_t block) {
 }
 
 int32_t PrefixStore::pick_victim() const {
-  int64_t active = 0;
-  for (const auto& [name, u] : users_) active += (u.stats.cached_blocks > 0 || u.live_seqs > 0) ? 1 : 0;
-  const int64_t fair = std::max(floor_blocks_, num_blocks() / std::max<int64_t>(active, 1));
-  // Lowest tier first (0: above the fair share, 1: above the floor, 2: at or under it), then the
-  // least recently released block.
+  // Users above their floor (min_share) first, then — only when nothing else is left — blocks under
+  // a floor; the least recently released block within.
   std::pair<int, uint64_t> best{std::numeric_limits<int>::max(), 0};
   int32_t victim = -1;
   for (const auto& [name, u] : users_) {
     if (u.evictable.empty()) continue;
-    const int64_t held = u.stats.cached_blocks;
-    const int tier = held > fair ? 0 : held > floor_blocks_ ? 1 : 2;
-    const std::pair<int, uint64_t> key{tier, u.evictable.begin()->first};
+    const std::pair<int, uint64_t> key{u.stats.cached_blocks > floor_blocks_ ? 0 : 1, u.evictable.begin()->first};
     if (key < best) {
       best = key;
       victim = u.evictable.begin()->second;

@@ -8,12 +8,11 @@
 //
 // A block is in one of three states: in use (referenced by sequences; maybe also cached), cached and
 // unreferenced ("evictable": its KV is kept for reuse, but the memory counts as free), or free and
-// uncached. Allocation takes uncached free blocks first and evicts only when none is left; the
-// victim is the least recently released evictable block of the user furthest above its share:
-// first users above their fair share (pool / active users, at least the floor), then users above
-// their floor (min_share), and only when nothing else is left, blocks under a floor — running
-// sequences are never refused memory that idle cache holds. max_share is enforced at insertion: a
-// user at its cap gives up its own least recently used block, or the new block is not cached.
+// uncached. Allocation takes uncached free blocks first and evicts only when none is left: the least
+// recently released evictable block among users above their floor (min_share of the pool), and only
+// when no such block is left, one under a floor — running sequences are never refused memory that
+// idle cache holds. max_share is enforced at insertion: a user at its cap gives up its own least
+// recently used unreferenced block, or the new block is not cached.
 #pragma once
 
 #include <cstdint>
