@@ -2,8 +2,8 @@
 // backend with stories260K's geometry (5 layers, 4 kv heads, head_dim 8, context 512). Checks the
 // transactional contract the engine relies on: plan() is a pure question, commit() gives each
 // sequence distinct in-range blocks covering its tokens, growth keeps the existing table, a request
-// that cannot fit is refused without side effects, release() returns blocks, and one sequence's
-// KV never overwrites another's. Token ids are random per sequence so that a prefix cache finds
+// that cannot fit is refused without side effects, release() returns blocks, truncate() gives back
+// the blocks past the kept tokens, and one sequence's KV never overwrites another's. Token ids are random per sequence so that a prefix cache finds
 // nothing to share and block accounting is exact.
 #include <gtest/gtest.h>
 

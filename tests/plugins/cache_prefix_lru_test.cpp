@@ -19,6 +19,7 @@
 #include "tessera/cache.h"
 #include "tessera/engine.h"
 #include "tessera/error.h"
+#include "tessera/pipeline_spec.h"
 #include "tessera/registry.h"
 
 namespace tessera {
@@ -578,6 +579,25 @@ TEST(CachePrefixLruModel, UsersDoNotShareUnlessTheNamespaceIsShared) {
     EXPECT_EQ(o.cache.users.at("bob").hit_tokens, 112);
     EXPECT_EQ(o.cache.users.at("system").cached_blocks, 7);
   }
+}
+
+TEST(CachePrefixLruModel, ShippedPipelineSharesTheSystemPromptWrittenByTheSystemUser) {
+  // pipelines/prefix.yaml declares shared_users: [system] under isolation user+shared.
+  PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/prefix.yaml");
+  spec.model = test::kStoriesF32;
+  spec.backend = "cpu";
+  EXPECT_EQ(spec.components.at(ComponentKind::cache).plugin, "prefix_lru");
+  auto p = Pipeline::build(spec, test::plugins());
+  const auto prompts = shared_prefix_prompts();
+  const std::vector<int32_t> system(prompts[0].begin(), prompts[0].begin() + 115);
+  // prompts[3] is 133 tokens: 8 full blocks may be mapped, the 8th holding the question's start.
+  const Outcome o = run_waves(
+      *p, {{{system, "system"}}, {{prompts[3], "alice"}}, {{prompts[3], "bob"}}, {{prompts[3], "alice"}}}, 8);
+  EXPECT_EQ(o.results[1].cached_tokens, 112) << "alice maps the system prompt";
+  EXPECT_EQ(o.results[2].cached_tokens, 112) << "bob maps the system prompt, but not alice's question";
+  EXPECT_EQ(o.results[3].cached_tokens, 128) << "alice maps the system prompt and her own question";
+  EXPECT_EQ(o.results[2].tokens, o.results[1].tokens);
+  EXPECT_EQ(o.results[3].tokens, o.results[1].tokens);
 }
 
 }  // namespace
