@@ -8,9 +8,9 @@
 // plugins only. Without --library it runs every suite on every plugin it finds.
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <cctype>
+#include <cstdlib>
 #include <iostream>
-#include <set>
 #include <string>
 #include <vector>
 
