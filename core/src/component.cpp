@@ -44,6 +44,7 @@ std::string_view op_name(Op op) {
     case Op::kv_write: return "kv_write";
     case Op::attention: return "attention";
     case Op::argmax: return "argmax";
+    case Op::sparse_attention: return "sparse_attention";
   }
   return "?";
 }

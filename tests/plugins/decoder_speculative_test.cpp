@@ -35,13 +35,14 @@ std::map<std::string, nlohmann::json> proposers() {
       {"layer_skip", {{"plugin", "speculative"}, {"proposer", "layer_skip"}, {"layers", 3}, {"window", 3}}},
       {"draft_model", {{"plugin", "speculative"}, {"proposer", "draft_model"}, {"draft_model", test::kStoriesQ8}}},
       {"self_quantized", {{"plugin", "speculative"}, {"proposer", "self_quantized"}, {"draft_quantizer", "int4"}}},
+      {"ngram_prefix_lru", {{"plugin", "speculative"}, {"proposer", "ngram"}, {"window", 5}}},
       {"ngram_adaptive",
        {{"plugin", "speculative"}, {"proposer", "ngram"}, {"window", 2}, {"adaptive", true}, {"max_window", 6}}},
   };
 }
 
-nlohmann::json paged_continuous(const nlohmann::json& decoder) {
-  return {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "16MiB"}}},
+nlohmann::json paged_continuous(const nlohmann::json& decoder, const std::string& cache = "paged") {
+  return {{"cache", {{"plugin", cache}, {"block_size", 16}, {"memory", "16MiB"}}},
           // admission_reserve 0: the scheduler reserves only what it computes, so any block beyond the
           // accepted tokens would be speculation's.
           {"scheduler", {{"plugin", "continuous"}, {"max_batch_tokens", 256}, {"max_seqs", 8}, {"admission_reserve", 0}}},
@@ -73,7 +74,8 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyOnTheGoldenPromptsAloneAndBatched) {
   }
   // Batched, on the paged cache with continuous batching; blocks go back to zero afterwards and,
   // during the run, the cache never holds blocks for rejected drafts or unused look-ahead.
-  auto p = test::cpu_pipeline(test::kStoriesF32, paged_continuous(decoder));
+  const bool prefix = GetParam() == "ngram_prefix_lru";
+  auto p = test::cpu_pipeline(test::kStoriesF32, paged_continuous(decoder, prefix ? "prefix_lru" : "paged"));
   Engine engine(*p);
   std::map<RequestId, size_t> which;
   std::map<RequestId, int64_t> length;  // prompt + tokens streamed so far
@@ -100,6 +102,7 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyOnTheGoldenPromptsAloneAndBatched) {
   for (auto& r : engine.take_finished()) results.push_back(std::move(r));
   ASSERT_EQ(results.size(), cases.size());
   for (const auto& r : results) EXPECT_EQ(r.tokens, cases[which[r.id]].completion) << GetParam() << " batched";
+  // (prefix_lru keeps finished sequences' full blocks cached for reuse; they are not in use.)
   EXPECT_EQ(p->cache().stats().blocks_used, 0);
   EXPECT_EQ(p->cache().stats().sequences, 0);
   const SpeculationStats s = engine.stats().speculation;
@@ -110,7 +113,8 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyOnTheGoldenPromptsAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Proposers, SpeculativeGreedy,
-                         testing::Values("ngram", "layer_skip", "draft_model", "self_quantized", "ngram_adaptive"));
+                         testing::Values("ngram", "layer_skip", "draft_model", "self_quantized", "ngram_adaptive",
+                                         "ngram_prefix_lru"));
 
 TEST(Speculative, SeededSamplingIsBatchIndependentAndCancellationFreesEverything) {
   for (const std::string name : {"ngram", "draft_model"}) {
