@@ -187,6 +187,58 @@ void BM_ShortTtft(benchmark::State& state) {
 }
 BENCHMARK(BM_ShortTtft)->Args({0, 60})->Args({1, 60})->Args({0, 100})->Args({1, 100})->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// Speculative against plain greedy decoding, one request at a time (where speculation pays most):
+// the five golden prompts, 96 tokens each. Arg: 0 plain, 1 ngram, 2 layer_skip, 3 draft_model
+// (the Q8_0 file as the draft of the f32 target), 4 self_quantized (int4). Window 4.
+void BM_Speculative(benchmark::State& state) {
+  const std::string dir = TESSERA_SOURCE_DIR "/../shared/models/stories260K/";
+  static const char* kNames[] = {"plain", "ngram", "layer_skip", "draft_model", "self_quantized"};
+  const std::string name = kNames[state.range(0)];
+  nlohmann::json decoder = {{"plugin", "speculative"}, {"proposer", name}, {"window", 4}};
+  if (name == "plain") decoder = {{"plugin", "sampling"}};
+  if (name == "layer_skip") decoder["layers"] = 2;
+  if (name == "draft_model") decoder["draft_model"] = dir + "stories260K-q8_0.gguf";
+  if (name == "self_quantized") decoder["draft_quantizer"] = "int4";
+  auto p = pipeline(dir + "stories260K-f32.gguf",
+                    {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "64MiB"}}},
+                     {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 8}}},
+                     {"decoder", decoder}});
+  const std::vector<std::string> prompts = {"Once upon a time", "Tom and his dog went to the park", "Lily and Ben",
+                                            "The little bird", "One day, a big"};
+  for (auto _ : state) {
+    double seconds = 0;
+    int64_t decoded = 0;
+    SpeculationStats spec;
+    for (int repeat = 0; repeat < 4; ++repeat) {
+      for (const auto& text : prompts) {
+        Engine engine(*p);
+        GenerationRequest req;
+        req.prompt = p->tokenizer().encode(text, true);
+        req.max_tokens = 96;
+        req.ignore_eos = true;
+        engine.submit(req);
+        engine.run_until_idle();
+        const auto r = engine.take_finished().at(0);
+        seconds += r.finished - r.first_token;
+        decoded += int64_t(r.tokens.size()) - 1;
+        const SpeculationStats s = engine.stats().speculation;
+        spec.proposed += s.proposed;
+        spec.accepted += s.accepted;
+        spec.verifications += s.verifications;
+        spec.draft_seconds += s.draft_seconds;
+        spec.step_seconds += s.step_seconds;
+      }
+    }
+    state.SetIterationTime(seconds);
+    state.counters["decode_tok_per_s"] = double(decoded) / seconds;
+    state.counters["acceptance"] = spec.acceptance_rate();
+    state.counters["mean_accepted"] = spec.mean_accepted_length();
+    state.counters["draft_share"] = spec.draft_time_share();
+  }
+  state.SetLabel(name + ", stories260K f32, greedy, 1 request at a time, 20 x 96 tokens, window 4");
+}
+BENCHMARK(BM_Speculative)->DenseRange(0, 4)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
 // TTFT of chat-like turns that repeat a long prefix (a system prompt or document): each request is
 // the same prefix plus 16 new tokens, sent after the previous one finished, with paged (recomputes
 // the prefix every time) against prefix_lru (maps the cached prefix). The first request of each run

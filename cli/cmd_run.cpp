@@ -131,6 +131,22 @@ void run(const RunArgs& args) {
       if (i + 1 < results.size()) std::cout << "\n";
     }
   }
+  if (pipeline->decoder().speculator() != nullptr) {
+    const SpeculationStats s = engine.stats().speculation;
+    if (args.format == "json") {
+      nlohmann::json j;
+      j["speculation"] = {{"proposed", s.proposed},
+                          {"accepted", s.accepted},
+                          {"acceptance_rate", s.acceptance_rate()},
+                          {"mean_accepted_length", s.mean_accepted_length()},
+                          {"draft_time_share", s.draft_time_share()}};
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cerr << "[speculation: " << s.accepted << " of " << s.proposed << " drafts accepted ("
+                << int(100 * s.acceptance_rate()) << "%), " << s.mean_accepted_length()
+                << " per verification, " << int(100 * s.draft_time_share()) << "% of the time drafting]\n";
+    }
+  }
   for (const auto& r : results) {
     if (r.reason == FinishReason::error) throw Error("a request failed: " + r.error);
   }

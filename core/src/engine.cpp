@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "tessera/error.h"
-#include "tessera/text_stream.h"
+#include "engine_sequence.h"
 
 namespace tessera {
 
@@ -27,75 +27,14 @@ std::vector<double> GenerationResult::inter_token_times() const {
   return out;
 }
 
-struct Engine::Sequence {
-  GenerationRequest request;
-  GenerationResult result;
-  std::vector<int32_t> tokens;  // prompt followed by generated tokens
-  int64_t computed = 0;         // tokens whose KV is in the cache
-  int64_t max_total = 0;        // prompt + max_tokens, capped by the context
-  uint64_t rng = 0;
-  SamplingParams sampling;
-  TextStream text;  // detokenized output, stop strings
-  bool done = false;
-
-  SequenceInfo info() const {
-    SequenceInfo i;
-    i.id = result.id;
-    i.prompt_tokens = static_cast<int64_t>(request.prompt.size());
-    i.total_tokens = static_cast<int64_t>(tokens.size());
-    i.computed_tokens = computed;
-    i.max_new_tokens = request.max_tokens;
-    i.expected_output = request.expected_output > 0 ? request.expected_output : request.max_tokens;
-    i.priority = request.priority;
-    i.arrival_time = result.submitted;
-    return i;
-  }
-};
-
-// The scheduler's view of the cache for one step: reservations accumulate into one plan, which the
-// engine commits when the scheduler is done.
-class Engine::Budget final : public KvBudget {
- public:
-  Budget(Cache& cache, Engine& engine) : cache_(cache), engine_(engine) {}
-
-  bool reserve(SeqId seq, int64_t total_tokens) override {
-    Sequence* s = engine_.find(seq);
-    if (s == nullptr) return false;
-    std::vector<CacheRequest> trial = requests_;
-    auto it = std::find_if(trial.begin(), trial.end(), [&](const CacheRequest& r) { return r.seq == seq; });
-    CacheRequest req{seq, total_tokens, s->tokens, s->request.user, s->request.retain};
-    if (it != trial.end()) {
-      *it = req;
-    } else {
-      trial.push_back(req);
-    }
-    auto plan = cache_.plan(trial);
-    if (!plan) return false;
-    requests_ = std::move(trial);
-    plan_ = std::move(plan);
-    return true;
-  }
-
-  void release(SeqId seq) override {
-    std::erase_if(requests_, [&](const CacheRequest& r) { return r.seq == seq; });
-    cache_.release(seq);
-    plan_.reset();
-    if (!requests_.empty()) plan_ = cache_.plan(requests_);
-  }
-
-  const std::optional<CachePlan>& plan() const { return plan_; }
-
- private:
-  Cache& cache_;
-  Engine& engine_;
-  std::vector<CacheRequest> requests_;
-  std::optional<CachePlan> plan_;
-};
-
-Engine::Engine(Pipeline& pipeline) : pipeline_(pipeline), start_(std::chrono::steady_clock::now()) {}
+Engine::Engine(Pipeline& pipeline)
+    : pipeline_(pipeline), speculator_(pipeline.decoder().speculator()), start_(std::chrono::steady_clock::now()) {}
 
 Engine::~Engine() {
-  for (auto& s : running_) pipeline_.cache().release(s->result.id);
+  for (auto& s : running_) {
+    pipeline_.cache().release(s->result.id);
+    if (speculator_ != nullptr) speculator_->release(s->result.id);
+  }
 }
 
 double Engine::now() const {
@@ -155,6 +94,7 @@ void Engine::cancel(RequestId id) {
 
 void Engine::finish(Sequence& s, FinishReason reason) {
   pipeline_.cache().release(s.result.id);
+  if (speculator_ != nullptr) speculator_->release(s.result.id);
   const std::string_view rest = s.text.take_rest();
   if (s.request.on_text && !rest.empty()) s.request.on_text(s.result.id, rest);
   s.result.text = s.text.text();
@@ -185,6 +125,7 @@ void Engine::take_incoming() {
 }
 
 bool Engine::step() {
+  const double step_start = now();
   take_incoming();
   if (running_.empty() && waiting_.empty()) return false;
 
@@ -201,6 +142,7 @@ bool Engine::step() {
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s->result.id == *id; });
     if (it == running_.end()) continue;
     (*it)->computed = 0;
+    if (speculator_ != nullptr) speculator_->release(*id);
     ++(*it)->result.preemptions;
     {
       std::lock_guard lock(mutex_);
@@ -272,9 +214,16 @@ bool Engine::step() {
     batch.push_back(fs);
     batch_seqs.push_back(s);
   }
+  draft(batch, batch_seqs, budget);
   pipeline_.model().forward(batch, pipeline_.attention(), cache, logits_);
   decode(batch, batch_seqs);
+  // Rejected drafts and look-ahead room go back to the cache (what the scheduler reserved stays).
+  for (Sequence* s : batch_seqs) {
+    const SeqId id = s->result.id;
+    if (!s->done && budget.lookahead(id) > 0) cache.truncate(id, std::max(s->computed, budget.requested(id)));
+  }
   std::lock_guard lock(mutex_);
+  if (speculator_ != nullptr) stats_.speculation.step_seconds += now() - step_start;
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int64_t>(running_.size()));
   std::erase_if(running_, [](const auto& s) { return s->done; });
   stats_.waiting = static_cast<int64_t>(waiting_.size());
@@ -293,8 +242,11 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     Sequence* s = batch_seqs[i];
     const int64_t n = int64_t(batch[i].tokens.size());
     prefill += std::max<int64_t>(0, std::min<int64_t>(n, int64_t(s->request.prompt.size()) - s->computed));
-    s->computed += n;
-    cache.mark_computed(s->result.id, s->computed);
+    // With drafts, how much KV stays is known only after verification (settle_drafts).
+    if (s->draft.empty()) {
+      s->computed += n;
+      cache.mark_computed(s->result.id, s->computed);
+    }
     if (batch[i].logit_rows == 0) continue;
     DecodeItem item;
     item.seq = s->result.id;
@@ -303,10 +255,11 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     item.params = s->sampling;
     item.history = s->tokens;
     item.prompt_tokens = int64_t(s->request.prompt.size());
+    item.draft = s->draft;
     item.rng_state = &s->rng;
     items.push_back(std::move(item));
     item_seqs.push_back(s);
-    ++row;
+    row += size_t(batch[i].logit_rows);
   }
   pipeline_.decoder().select(items);
 
@@ -317,6 +270,7 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence* s = item_seqs[i];
     const DecodeItem& item = items[i];
+    const auto tokens_before = int64_t(s->tokens.size());
     FinishReason reason = FinishReason::none;
     for (size_t k = 0; k < item.tokens.size(); ++k) {
       const int32_t tok = item.tokens[k];
@@ -342,6 +296,7 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
       }
       if (reason != FinishReason::none) break;
     }
+    if (!item.draft.empty()) settle_drafts(*s, item, tokens_before);
     if (reason == FinishReason::none && s->request.on_text) {
       const std::string_view ready = s->text.take_ready();
       if (!ready.empty()) s->request.on_text(s->result.id, ready);

@@ -225,8 +225,12 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
 }
 
 void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
-                    std::vector<float>& logits) {
+                    std::vector<float>& logits, int64_t n_layers) {
   const ModelConfig& c = config_;
+  if (n_layers < 0 || n_layers > c.n_layers) {
+    throw Error("forward: n_layers " + std::to_string(n_layers) + " is outside 0.." + std::to_string(c.n_layers));
+  }
+  const int64_t layers = n_layers == 0 ? c.n_layers : n_layers;
   int64_t T = 0;
   for (const auto& fs : batch) T += static_cast<int64_t>(fs.tokens.size());
   if (T == 0) {
@@ -272,7 +276,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   }
 
   backend_.embedding(embedding_, ids, T, x);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  for (int64_t l = 0; l < layers; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     backend_.rms_norm(x, L.attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     L.wq->forward(xb, T, q);

@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "tessera/error.h"
+#include "tessera/speculative.h"
 
 namespace tessera {
 
@@ -96,6 +97,15 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     }
   }
   p->cache_->configure(*p->backend_, geometry);
+  if (Speculator* speculator = p->decoder_->speculator()) {
+    const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
+    try {
+      speculator->attach(SpeculationHost{registry, p->spec_, *p->backend_, p->file_, *p->model_, *p->cache_,
+                                         *p->attention_, *p->tokenizer_});
+    } catch (const Error& e) {
+      throw Error(c.where + ": decoder " + c.plugin + ": " + e.what());
+    }
+  }
   return p;
 }
 

@@ -7,6 +7,34 @@
 
 namespace tessera {
 
+std::vector<ParamSpec> sampling_param_specs() {
+  return {{"temperature", ParamType::number, 0.0, "0 = greedy", {}},
+          {"top_k", ParamType::integer, 0, "keep the k most likely tokens; 0 = off", {}},
+          {"top_p", ParamType::number, 1.0, "nucleus: smallest set with this probability mass", {}},
+          {"min_p", ParamType::number, 0.0, "drop tokens below min_p x the top probability", {}},
+          {"repetition_penalty", ParamType::number, 1.0,
+           "divide positive (multiply negative) logits of tokens in prompt or output (1 = off)", {}},
+          {"frequency_penalty", ParamType::number, 0.0,
+           "subtract this x the count of each token generated so far (-2..2; 0 = off)", {}},
+          {"presence_penalty", ParamType::number, 0.0,
+           "subtract this once from each token generated so far (-2..2; 0 = off)", {}},
+          {"seed", ParamType::integer, 0, "default random seed for requests that give none", {}}};
+}
+
+SamplingParams sampling_params_from(const Params& p) {
+  SamplingParams s;
+  s.temperature = p.get_float("temperature");
+  s.top_k = p.get_int("top_k");
+  s.top_p = p.get_float("top_p");
+  s.min_p = p.get_float("min_p");
+  s.repetition_penalty = p.get_float("repetition_penalty");
+  s.frequency_penalty = p.get_float("frequency_penalty");
+  s.presence_penalty = p.get_float("presence_penalty");
+  s.seed = static_cast<uint64_t>(p.get_int("seed"));
+  validate_sampling(s);
+  return s;
+}
+
 uint64_t next_random(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -105,6 +133,32 @@ int32_t draw(std::span<const Candidate> dist, uint64_t& rng) {
     if (it->p > 0) return it->token;
   }
   return dist.empty() ? 0 : dist.front().token;
+}
+
+namespace {
+
+double mass_of(std::span<const Candidate> dist, int32_t token) {
+  for (const Candidate& c : dist) {
+    if (c.token == token) return c.p;
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+DraftVerdict accept_or_resample(std::span<const Candidate> p, std::span<const Candidate> q, int32_t x, uint64_t& rng,
+                                std::vector<Candidate>& scratch) {
+  const bool point = q.empty();
+  const double px = mass_of(p, x);
+  const double qx = point ? 1.0 : mass_of(q, x);
+  if (qx > 0 && uniform01(rng) * qx < px) return {x, true};
+  scratch.clear();
+  for (const Candidate& c : p) {
+    const double r = c.p - (point ? (c.token == x ? 1.0 : 0.0) : mass_of(q, c.token));
+    if (r > 0) scratch.push_back({c.token, r});
+  }
+  // p == q leaves nothing (and cannot reject); rounding aside, fall back to p itself.
+  return {draw(scratch.empty() ? p : std::span<const Candidate>(scratch), rng), false};
 }
 
 void token_logprobs(const float* logits, int64_t vocab, int32_t chosen, int64_t top_n, float* chosen_logprob,

@@ -388,3 +388,29 @@ TEST(Cli, RunRefusesOutOfRangeSamplingFlagsNamingThem) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(Cli, RunSpeculativePipelineGivesThePlainOutputAndReportsAcceptance) {
+  const Output o = tessera_cmd("run --format json -n 24 -p pipelines/speculative.yaml 'Once upon a time'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::vector<nlohmann::json> lines;
+  std::stringstream ss(o.text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(lines.size(), 2u) << o.text;
+  EXPECT_EQ(lines[0]["completion_token_ids"],
+            nlohmann::json({432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+                            419, 292, 411, 322, 265, 282}));
+  const auto& s = lines[1]["speculation"];
+  EXPECT_GT(s["proposed"].get<int64_t>(), 0);
+  EXPECT_GT(s["accepted"].get<int64_t>(), 0);
+  EXPECT_LE(s["acceptance_rate"].get<double>(), 1.0);
+  EXPECT_GT(s["mean_accepted_length"].get<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -20,11 +20,10 @@ namespace {
 
 using namespace conformance;
 
-// Decoders whose defaults need a companion the pipeline wires in (a draft model), so they cannot be
-// created from defaults alone. They are skipped only if creation actually fails.
-const std::set<std::string> kNeedCompanion = {
-    "speculative",  // default proposer is a draft model supplied by the pipeline
-};
+// Decoders whose defaults need a companion the pipeline wires in, so they cannot be created from
+// defaults alone. They are skipped only if creation actually fails. (speculative is not one: its
+// default proposer, ngram, needs no model, and without drafts it must decode like any decoder.)
+const std::set<std::string> kNeedCompanion = {};
 
 class DecoderConformance : public testing::TestWithParam<std::string> {
  protected:

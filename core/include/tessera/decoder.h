@@ -9,6 +9,8 @@
 
 namespace tessera {
 
+class Speculator;
+
 struct SamplingParams {
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;         // 0 = off
@@ -36,6 +38,10 @@ struct DecodeItem {
   int64_t vocab = 0;
   SamplingParams params;
   std::span<const int32_t> history;  // prompt and generated tokens so far
+  // Speculative verification: tokens proposed after `history`. `logits` then holds draft.size() + 1
+  // rows, row j scoring the token after history + draft[0, j). The decoder returns in `tokens` the
+  // accepted leading drafts and one more token (a correction or a bonus). Empty for plain decoding.
+  std::span<const int32_t> draft;
   int64_t prompt_tokens = 0;         // history[0, prompt_tokens) is the prompt (penalties count the rest)
   uint64_t* rng_state = nullptr;     // per sequence: same seed, same output, whatever the batch
   std::vector<int32_t> tokens;       // out: the chosen token(s)
@@ -49,6 +55,9 @@ class Decoder {
   // Sampling settings from the pipeline file, used where a request gives none.
   virtual SamplingParams default_params() const = 0;
   virtual void select(std::span<DecodeItem> items) = 0;
+  // Decoders that draft tokens (speculative decoding) return their drafting side, which the pipeline
+  // attaches and the engine drives; nullptr for the others.
+  virtual Speculator* speculator() { return nullptr; }
 };
 
 }  // namespace tessera

@@ -14,6 +14,7 @@
 
 #include "tessera/decoder.h"
 #include "tessera/pipeline.h"
+#include "tessera/speculative.h"
 
 namespace tessera {
 
@@ -72,6 +73,7 @@ struct EngineStats {
   int64_t waiting = 0;  // as of the last step, plus requests submitted since
   int64_t running = 0;
   int64_t peak_running = 0;  // most sequences in one step
+  SpeculationStats speculation;  // zero unless the decoder speculates
 };
 
 class Engine {
@@ -97,8 +99,13 @@ class Engine {
   Sequence* find(RequestId id);
   void take_incoming();
   void decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequence*>& batch_seqs);
+  // Speculative decoding (engine_speculation.cpp).
+  int64_t lookahead(const Sequence& s) const;
+  void draft(std::vector<ForwardSeq>& batch, const std::vector<Sequence*>& batch_seqs, const Budget& budget);
+  void settle_drafts(Sequence& s, const DecodeItem& item, int64_t tokens_before);
 
   Pipeline& pipeline_;
+  Speculator* speculator_ = nullptr;  // the decoder's drafting side, if it has one
   std::chrono::steady_clock::time_point start_;
   // Shared with submitting threads (guarded by mutex_).
   mutable std::mutex mutex_;

@@ -64,9 +64,11 @@ class Model {
   std::vector<OpRequirement> requirements() const;
 
   // Runs one step; the cache must already hold blocks for every token. Writes logits rows in batch
-  // order to `logits` (host memory, resized to rows * vocab).
+  // order to `logits` (host memory, resized to rows * vocab). `n_layers` > 0 runs only the first
+  // n_layers blocks before the output head (a layer-skip draft of the same model; its KV is written
+  // for those layers only).
   void forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
-               std::vector<float>& logits);
+               std::vector<float>& logits, int64_t n_layers = 0);
 
  private:
   struct Layer;

@@ -7,8 +7,14 @@
 #include <vector>
 
 #include "tessera/decoder.h"
+#include "tessera/params.h"
 
 namespace tessera {
+
+// The sampling parameters a decoder plugin declares (temperature, top_k, top_p, min_p, the three
+// penalties, seed) and reads back as its defaults.
+std::vector<ParamSpec> sampling_param_specs();
+SamplingParams sampling_params_from(const Params& p);
 
 // splitmix64: tiny, statistically sound, and its whole state is one integer kept per sequence.
 uint64_t next_random(uint64_t& state);
@@ -39,6 +45,17 @@ void sampling_distribution(const SamplingParams& p, const float* logits, int64_t
 int32_t draw(std::span<const Candidate> dist, uint64_t& rng);
 
 int32_t argmax(const float* logits, int64_t vocab);
+
+// Speculative rejection sampling at one draft position: the draft x was drawn from q (empty q: x was
+// proposed deterministically, a point mass), the target's distribution there is p. Accepts x with
+// probability min(1, p(x)/q(x)); otherwise draws from max(0, p - q) normalised. The token returned
+// is then distributed exactly as p. `scratch` is reused.
+struct DraftVerdict {
+  int32_t token = 0;
+  bool accepted = false;
+};
+DraftVerdict accept_or_resample(std::span<const Candidate> p, std::span<const Candidate> q, int32_t x, uint64_t& rng,
+                                std::vector<Candidate>& scratch);
 
 // Log-probabilities from the raw model logits (log-softmax over the whole vocabulary, before
 // penalties, temperature and filters, as OpenAI and vLLM report them): the chosen token's, and when
