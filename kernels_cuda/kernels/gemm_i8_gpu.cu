@@ -43,10 +43,9 @@ constexpr int kMaxM = 8, kGemvBlock = 256, kGemvRows = 8;
 
 __global__ void gemv_i8_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int m,
                                const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
-                               int64_t k, float* __restrict__ y) {
+                               int64_t k, bool aligned, float* __restrict__ y) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
-  const bool aligned = k % 4 == 0;
   const int64_t words = (k + 3) / 4;
   const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
   for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
@@ -76,12 +75,11 @@ constexpr int kTileM = 64, kTileN = 64, kTileWords = 8, kTileThreads = 256;
 
 __global__ void gemm_i8_tiled_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int64_t m,
                                      const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
-                                     int64_t k, float* __restrict__ y) {
+                                     int64_t k, bool aligned, float* __restrict__ y) {
   __shared__ int xs[kTileWords][kTileM + 1];
   __shared__ int ws[kTileWords][kTileN + 1];
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
-  const bool aligned = k % 4 == 0;
   int acc[4][4] = {};
   for (int64_t c0 = 0; c0 < k; c0 += 4 * kTileWords) {
     for (int e = t; e < kTileM * kTileWords; e += kTileThreads) {
@@ -133,13 +131,15 @@ void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* s
 void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
              int64_t k, float* y, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return;
+  // Word loads need every row 4-byte aligned: k a multiple of 4 and both bases aligned.
+  const bool aligned = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 4 == 0 && reinterpret_cast<uintptr_t>(xq) % 4 == 0;
   if (m > kMaxM) {
     const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((m + kTileM - 1) / kTileM));
-    gemm_i8_tiled_kernel<<<grid, kTileThreads, 0, stream>>>(xq, sx, m, w, w_scales, n, k, y);
+    gemm_i8_tiled_kernel<<<grid, kTileThreads, 0, stream>>>(xq, sx, m, w, w_scales, n, k, aligned, y);
     return;
   }
   gemv_i8_kernel<<<static_cast<unsigned>((n + kGemvRows - 1) / kGemvRows), kGemvBlock, 0, stream>>>(
-      xq, sx, static_cast<int>(m), w, w_scales, n, k, y);
+      xq, sx, static_cast<int>(m), w, w_scales, n, k, aligned, y);
 }
 
 }  // namespace tessera::gpu
