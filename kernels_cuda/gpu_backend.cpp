@@ -1,6 +1,13 @@
-// The CUDA and HIP backends: device memory through the runtime API plus the kernels built so far.
-// One source serves both vendors through vendor.h (TESSERA_HIP selects HIP). Ops not yet ported
-// answer false in supports(), so a pipeline needing them is refused at validation by op name.
+// The CUDA and HIP backends: device memory through the runtime API and every op of the kernel
+// interface. One source serves both vendors through vendor.h (TESSERA_HIP selects HIP). On CUDA,
+// float GEMMs with more than a few rows go to cuBLAS when libcublas can be opened (see
+// vendor_blas.h); everything else, and everything on HIP, runs the kernels in kernels/.
+//
+// WeightView::kernel_variant for gemm on these backends:
+//   0  the default: own GEMV kernels for m <= 8 (decode), vendor BLAS for larger m where available
+//   1  own kernels only, for every shape (for comparisons and for checking the BLAS path)
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,17 +15,35 @@
 #include "kernels_gpu.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
+#if !defined(TESSERA_HIP)
+#include "vendor_blas.h"
+#endif
 
 namespace tessera::gpu {
+
+// The kernels take mirrors of the SDK structs; they must stay byte-compatible.
+static_assert(sizeof(SeqDesc) == sizeof(AttentionSeqDesc));
+static_assert(offsetof(SeqDesc, q_start) == offsetof(AttentionSeqDesc, q_start));
+static_assert(offsetof(SeqDesc, q_len) == offsetof(AttentionSeqDesc, q_len));
+static_assert(offsetof(SeqDesc, context_len) == offsetof(AttentionSeqDesc, context_len));
+static_assert(offsetof(SeqDesc, block_table_offset) == offsetof(AttentionSeqDesc, block_table_offset));
 
 namespace {
 
 const std::string kBackend = TESSERA_GPU_BACKEND;
 #if defined(TESSERA_HIP)
-constexpr const char* kDoc = "AMD GPU through HIP (ROCm); so far: memory, add and silu_mul on f32";
+constexpr const char* kDoc = "AMD GPU through HIP (ROCm): every op; own GEMM kernels";
 #else
-constexpr const char* kDoc = "NVIDIA GPU through CUDA; so far: memory, add and silu_mul on f32";
+constexpr const char* kDoc = "NVIDIA GPU through CUDA: every op; cuBLAS for large float GEMMs when libcublas loads";
 #endif
+
+constexpr int32_t kVariantDefault = 0;
+constexpr int32_t kVariantOwnKernels = 1;
+// Rows of x above which a GEMM goes to the vendor BLAS (below, the GEMV kernels stream the weight
+// once for all rows); quantized weights are expanded to f16 for it only from kDequantMinRows rows,
+// where one expansion is amortised over enough rows.
+constexpr int64_t kBlasMinRows = 9;
+constexpr int64_t kDequantMinRows = 64;
 
 [[noreturn]] void fail(const std::string& what, cudaError_t status) {
   throw Error(kBackend + " backend: " + what + " failed (" + cudaGetErrorString(status) + ")");
@@ -48,6 +73,32 @@ std::vector<DeviceInfo> enumerate_devices() {
   return out;
 }
 
+bool gemm_dtype(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::I8:
+    case DType::I4: return true;
+    default: return false;
+  }
+}
+
+bool cache_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+CacheType cache_type(DType t) {
+  return t == DType::F16 ? CacheType::f16 : t == DType::BF16 ? CacheType::bf16 : CacheType::f32;
+}
+
+// Grows on demand and never shrinks; stream-ordered reuse is safe because every use is enqueued on
+// the backend's one stream, and a buffer is only freed after that stream drains.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
 class GpuBackend final : public Backend {
  public:
   explicit GpuBackend(int device) : device_(device) {
@@ -55,24 +106,53 @@ class GpuBackend final : public Backend {
     // A non-blocking stream of our own, so work never serialises against other libraries' use of
     // the legacy default stream.
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), TESSERA_GPU_API "StreamCreate");
+    // Kernel-detected data errors land in host-mapped memory: reading them costs nothing at the
+    // synchronisations the caller makes anyway.
+    void* host = nullptr;
+    check(cudaHostAlloc(&host, sizeof(DeviceStatus), cudaHostAllocMapped), TESSERA_GPU_API "HostAlloc");
+    status_host_ = static_cast<DeviceStatus*>(host);
+    std::memset(host, 0, sizeof(DeviceStatus));
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, host, 0), TESSERA_GPU_API "HostGetDevicePointer");
+    status_dev_ = static_cast<DeviceStatus*>(dev);
+#if !defined(TESSERA_HIP)
+    blas_ = VendorBlas::open(stream_, &blas_missing_);
+#endif
   }
   ~GpuBackend() override {
-    if (stream_ != nullptr) {
-      (void)cudaSetDevice(device_);
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaStreamDestroy(stream_);
+    (void)cudaSetDevice(device_);
+    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+#if !defined(TESSERA_HIP)
+    blas_.reset();
+#endif
+    for (Scratch* s : {&act_, &wexp_, &aux_}) {
+      if (s->ptr != nullptr) (void)cudaFree(s->ptr);
     }
+    if (status_host_ != nullptr) (void)cudaFreeHost(status_host_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
   GpuBackend(const GpuBackend&) = delete;
   GpuBackend& operator=(const GpuBackend&) = delete;
 
   std::string_view name() const override { return kBackend; }
-  std::vector<DeviceInfo> devices() const override { return enumerate_devices(); }
+  std::vector<DeviceInfo> devices() const override {
+    std::vector<DeviceInfo> out = enumerate_devices();
+#if !defined(TESSERA_HIP)
+    // Which GEMM path large batches take is part of what the numbers mean.
+    for (DeviceInfo& d : out) {
+      if (d.index == device_) d.name += blas_ ? " (" + blas_->name() + ")" : " (own GEMM kernels: " + blas_missing_ + ")";
+    }
+#endif
+    return out;
+  }
   bool supports(Op op, DType dtype) const override {
     switch (op) {
-      case Op::add:
-      case Op::silu_mul: return dtype == DType::F32;
-      default: return false;
+      case Op::gemm: return gemm_dtype(dtype);
+      case Op::embedding: return gemm_dtype(dtype) && dtype != DType::I8 && dtype != DType::I4;
+      case Op::kv_write:
+      case Op::attention:
+      case Op::sparse_attention: return cache_dtype(dtype);
+      default: return dtype == DType::F32;
     }
   }
 
@@ -99,11 +179,13 @@ class GpuBackend final : public Backend {
     activate();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy_to_device");
     check(cudaStreamSynchronize(stream_), "copy_to_device");
+    check_status();
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     activate();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy_to_host");
     check(cudaStreamSynchronize(stream_), "copy_to_host");
+    check_status();
   }
   void copy_on_device(void* dst, const void* src, size_t bytes) override {
     activate();
@@ -116,37 +198,90 @@ class GpuBackend final : public Backend {
   void synchronize() override {
     activate();
     check(cudaStreamSynchronize(stream_), "synchronize");
+    check_status();
   }
 
   // Kernels.
+  void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
+    if (!supports(Op::embedding, table.dtype)) unsupported("embedding", table.dtype);
+    activate();
+    gpu::embedding(to_gpu(table, "embedding"), ids, n, out, status_dev_, stream_);
+    launched("embedding");
+  }
+
+  void gemm(const float* x, int64_t m, const WeightView& w, float* y) override {
+    if (!gemm_dtype(w.dtype)) unsupported("gemm", w.dtype);
+    if (w.kernel_variant != kVariantDefault && w.kernel_variant != kVariantOwnKernels) {
+      throw Error(kBackend + " gemm: unknown kernel variant " + std::to_string(w.kernel_variant) +
+                  " (0 = default, 1 = own kernels only)");
+    }
+    if (w.dtype == DType::I8) return gemm_i8(x, m, w, y);
+    const GpuWeight gw = to_gpu(w, "gemm");
+    if (m <= 0 || w.rows <= 0) return;
+    activate();
+#if !defined(TESSERA_HIP)
+    if (blas_ && w.kernel_variant == kVariantDefault && m >= kBlasMinRows && blas_gemm(x, m, w, gw, y)) return;
+#endif
+    gpu::gemm(x, m, gw, y, stream_);
+    launched("gemm");
+  }
+
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
+    activate();
+    gpu::rms_norm(x, weight, out, rows, dim, eps, stream_);
+    launched("rms_norm");
+  }
+  void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+            float theta, RopeStyle style) override {
+    if (rope_dim > head_dim || rope_dim % 2 != 0) {
+      throw Error(kBackend + " rope: rope_dim " + std::to_string(rope_dim) + " must be even and at most head_dim " +
+                  std::to_string(head_dim));
+    }
+    activate();
+    gpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, style == RopeStyle::neox, stream_);
+    launched("rope");
+  }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     activate();
     gpu::silu_mul(gate, up, out, n, stream_);
-    check(cudaGetLastError(), "silu_mul launch");
+    launched("silu_mul");
   }
   void add(const float* a, const float* b, float* out, int64_t n) override {
     activate();
     gpu::add(a, b, out, n, stream_);
-    check(cudaGetLastError(), "add launch");
+    launched("add");
   }
-
-  void embedding(const WeightView&, const int32_t*, int64_t, float*) override { missing(Op::embedding); }
-  void gemm(const float*, int64_t, const WeightView&, float*) override { missing(Op::gemm); }
-  void rms_norm(const float*, const float*, float*, int64_t, int64_t, float) override {
-    missing(Op::rms_norm);
+  void softmax(float* x, int64_t rows, int64_t cols) override {
+    activate();
+    gpu::softmax(x, rows, cols, stream_);
+    launched("softmax");
   }
-  void rope(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t, float, RopeStyle) override {
-    missing(Op::rope);
+  void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows) override {
+    if (!cache_dtype(kv.dtype)) unsupported("kv_write", kv.dtype);
+    activate();
+    gpu::kv_write(pools(kv), k, v, slots, rows, status_dev_, stream_);
+    launched("kv_write");
   }
-  void softmax(float*, int64_t, int64_t) override { missing(Op::softmax); }
-  void kv_write(const KvLayerView&, const float*, const float*, const int32_t*, int64_t) override {
-    missing(Op::kv_write);
+  void attention(const AttentionArgs& args, const KvLayerView& kv) override {
+    const AttnParams a = attention_params(args, kv, "attention");
+    activate();
+    gpu::attention(a, pools(kv), stream_);
+    launched("attention");
   }
-  void attention(const AttentionArgs&, const KvLayerView&) override { missing(Op::attention); }
-  void attention_block_scores(const AttentionArgs&, const KvLayerView&, float*) override {
-    missing(Op::sparse_attention);
+  void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores) override {
+    const AttnParams a = attention_params(args, kv, "attention_block_scores");
+    if (a.sparse_block <= 0) return;
+    activate();
+    const size_t bytes = block_scores_scratch_bytes(a, pools(kv));
+    gpu::attention_block_scores(a, pools(kv), scores, static_cast<float*>(scratch(aux_, bytes)), stream_);
+    launched("attention_block_scores");
   }
-  void argmax(const float*, int64_t, int64_t, int32_t*) override { missing(Op::argmax); }
+  void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
+    if (cols > INT32_MAX) throw Error(kBackend + " argmax: " + std::to_string(cols) + " columns exceed int32 ids");
+    activate();
+    gpu::argmax(logits, rows, cols, out, stream_);
+    launched("argmax");
+  }
 
  private:
   // The runtime's current device is per host thread, and the engine may call from any thread.
@@ -156,12 +291,150 @@ class GpuBackend final : public Backend {
       check(cudaSetDevice(device_), TESSERA_GPU_API "SetDevice");
     }
   }
-  [[noreturn]] static void missing(Op op) {
-    throw Error(std::string(op_name(op)) + " is not implemented on the " + kBackend + " backend yet");
+  static void launched(const char* op) {
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) fail(std::string(op) + " launch", status);
+  }
+  [[noreturn]] static void unsupported(const char* op, DType t) {
+    throw Error(kBackend + " " + op + " does not support " + std::string(dtype_name(t)));
+  }
+
+  // Reports (once) the first data error a kernel recorded since the last check.
+  void check_status() {
+    volatile DeviceStatus* s = status_host_;
+    const int32_t code = s->code;
+    if (code == kStatusOk) return;
+    const int64_t value = s->value, limit = s->limit;
+    s->code = kStatusOk;
+    if (code == kStatusBadToken) {
+      throw Error("token id " + std::to_string(value) + " is outside the vocabulary (0.." + std::to_string(limit - 1) +
+                  ")");
+    }
+    throw Error("kv slot " + std::to_string(value) + " is outside the cache (" + std::to_string(limit) + " slots)");
+  }
+
+  void* scratch(Scratch& s, size_t bytes) {
+    if (bytes > s.bytes) {
+      check(cudaStreamSynchronize(stream_), "scratch resize");  // earlier kernels may still read it
+      if (s.ptr != nullptr) check(cudaFree(s.ptr), TESSERA_GPU_API "Free");
+      s.ptr = nullptr;
+      s.bytes = 0;
+      s.ptr = allocate(bytes);
+      s.bytes = bytes;
+    }
+    return s.ptr;
+  }
+
+  GpuWeight to_gpu(const WeightView& w, const char* op) const {
+    GpuWeight g{w.data, WFormat::f32, w.rows, w.cols, w.scales, w.zeros, w.group_size};
+    switch (w.dtype) {
+      case DType::F32: g.format = WFormat::f32; break;
+      case DType::F16: g.format = WFormat::f16; break;
+      case DType::BF16: g.format = WFormat::bf16; break;
+      case DType::Q8_0: g.format = WFormat::q8_0; break;
+      case DType::Q4_0: g.format = WFormat::q4_0; break;
+      case DType::I4: g.format = WFormat::i4; break;
+      default: unsupported(op, w.dtype);
+    }
+    (void)dtype_row_bytes(w.dtype, w.cols);  // throws for a row that is not whole blocks
+    if (w.dtype == DType::I4) {
+      if (g.group_size <= 0) g.group_size = w.cols;  // one group per row, as on the CPU
+      if (w.cols % g.group_size != 0) {
+        throw Error(kBackend + " gemm on i4: " + std::to_string(w.cols) + " columns are not whole groups of " +
+                    std::to_string(g.group_size));
+      }
+      if (w.scales == nullptr) throw Error(kBackend + " gemm on i4: the weight has no scales");
+    }
+    return g;
+  }
+
+  void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
+    if (w.scales == nullptr) throw Error(kBackend + " gemm on i8: the weight has no scales");
+    if (m <= 0 || w.rows <= 0) return;  // m = 0 only validates the view
+    activate();
+    const int64_t k = w.cols;
+    const size_t q_bytes = (size_t(m * k) + 255) / 256 * 256;
+    auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + size_t(m) * sizeof(float)));
+    auto* xq = reinterpret_cast<int8_t*>(base);
+    auto* sx = reinterpret_cast<float*>(base + q_bytes);
+    quantize_rows_i8(x, m, k, xq, sx, stream_);
+    gpu::gemm_i8(xq, sx, m, static_cast<const int8_t*>(w.data), w.scales, w.rows, k, y, stream_);
+    launched("gemm (i8)");
+  }
+
+#if !defined(TESSERA_HIP)
+  // The vendor BLAS path; false when this weight type stays on the own kernels for this m.
+  bool blas_gemm(const float* x, int64_t m, const WeightView& w, const GpuWeight& gw, float* y) {
+    const int64_t n = w.rows, k = w.cols;
+    if (w.dtype == DType::F32) {
+      blas_->gemm(VendorBlas::Type::f32, x, m, w.data, n, k, y);
+      return true;
+    }
+    const bool half = w.dtype == DType::F16 || w.dtype == DType::BF16;
+    if (!half && m < kDequantMinRows) return false;
+    const bool bf16 = w.dtype == DType::BF16;
+    auto* xh = static_cast<uint16_t*>(scratch(act_, size_t(m * k) * 2));
+    floats_to_half(x, m * k, xh, bf16, stream_);
+    const void* wdata = w.data;
+    if (!half) {
+      auto* wh = static_cast<uint16_t*>(scratch(wexp_, size_t(n * k) * 2));
+      dequantize_to_f16(gw, wh, stream_);
+      wdata = wh;
+    }
+    launched("gemm (conversion for cuBLAS)");
+    blas_->gemm(bf16 ? VendorBlas::Type::bf16 : VendorBlas::Type::f16, xh, m, wdata, n, k, y);
+    return true;
+  }
+#endif
+
+  KvPools pools(const KvLayerView& kv) const {
+    return KvPools{kv.k, kv.v, cache_type(kv.dtype), kv.num_blocks, kv.block_size, kv.n_kv_heads, kv.head_dim};
+  }
+
+  AttnParams attention_params(const AttentionArgs& a, const KvLayerView& kv, const char* op) const {
+    if (!cache_dtype(kv.dtype)) unsupported(op, kv.dtype);
+    if (kv.n_kv_heads <= 0 || a.n_heads % kv.n_kv_heads != 0 || kv.head_dim <= 0 || kv.head_dim > kMaxHeadDim ||
+        kv.block_size <= 0 || kv.n_kv_heads > 65535) {
+      throw Error(kBackend + " " + op + ": unsupported head layout (" + std::to_string(a.n_heads) + " heads, " +
+                  std::to_string(kv.n_kv_heads) + " kv heads, head size " + std::to_string(kv.head_dim) +
+                  ", block size " + std::to_string(kv.block_size) + "; head size at most " +
+                  std::to_string(kMaxHeadDim) + ")");
+    }
+    const int64_t group = a.n_heads / kv.n_kv_heads;
+    if ((int64_t(a.max_q_len) * group + 15) / 16 > 65535 || a.n_seqs > INT32_MAX) {
+      throw Error(kBackend + " " + op + ": " + std::to_string(a.max_q_len) + " queries of " + std::to_string(group) +
+                  " heads per kv head exceed one launch; split the prefill into smaller chunks");
+    }
+    AttnParams p{};
+    p.q = a.q;
+    p.out = a.out;
+    p.n_tokens = a.n_tokens;
+    p.n_heads = a.n_heads;
+    p.scale = a.scale;
+    p.window = a.window;
+    p.seqs = reinterpret_cast<const SeqDesc*>(a.seqs);
+    p.n_seqs = a.n_seqs;
+    p.block_tables = a.block_tables;
+    p.max_q_len = a.max_q_len;
+    p.max_context_len = a.max_context_len;
+    p.sparse_block = a.sparse.block;
+    p.seq_base = a.sparse.seq_base;
+    p.offsets = a.sparse.offsets;
+    p.kept = a.sparse.kept;
+    return p;
   }
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  DeviceStatus* status_host_ = nullptr;
+  DeviceStatus* status_dev_ = nullptr;
+  Scratch act_;   // quantized or half activations
+  Scratch wexp_;  // a weight expanded to f16 for the vendor BLAS
+  Scratch aux_;   // block-score key means
+#if !defined(TESSERA_HIP)
+  std::unique_ptr<VendorBlas> blas_;
+  std::string blas_missing_;
+#endif
 };
 
 std::unique_ptr<Backend> create_backend(const Params& params) {

@@ -4,6 +4,8 @@
 // build). Add a mapping here when a shared source starts using a new runtime name.
 #pragma once
 
+#include <cstdint>
+
 #if defined(TESSERA_HIP)
 
 #ifndef __HIP_PLATFORM_AMD__
@@ -26,6 +28,16 @@
 #define cudaGetDeviceProperties hipGetDeviceProperties
 #define cudaGetErrorString hipGetErrorString
 #define cudaGetLastError hipGetLastError
+#define cudaFreeHost hipHostFree
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocMapped hipHostMallocMapped
+#define cudaHostGetDevicePointer hipHostGetDevicePointer
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreate hipEventCreate
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventElapsedTime hipEventElapsedTime
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
 #define cudaMalloc hipMalloc
 #define cudaMemcpyAsync hipMemcpyAsync
 #define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
@@ -43,6 +55,10 @@
 // Wavefront size differs per AMD target (64 on CDNA such as gfx90a, 32 on RDNA such as gfx1100),
 // so it is only known in the device pass; the host pass gets the CDNA value and must not size
 // launches by it.
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#endif
+
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 #define TESSERA_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
 #else
@@ -56,6 +72,9 @@
 #else  // CUDA
 
 #include <cuda_runtime.h>
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
 
 #define TESSERA_WARP_SIZE 32
 
@@ -71,3 +90,34 @@ namespace tessera::gpu {
 constexpr int kWarpSize = TESSERA_WARP_SIZE;
 
 }  // namespace tessera::gpu
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+// Device intrinsics whose names or signatures differ between the vendors. Shuffles span the whole
+// warp, so every lane must reach them (loops around them have warp-uniform trip counts).
+namespace tessera::gpu {
+
+#if defined(TESSERA_HIP)
+template <class T>
+__device__ inline T shfl_xor(T v, int lane_mask) { return __shfl_xor(v, lane_mask); }
+template <class T>
+__device__ inline T shfl(T v, int src_lane) { return __shfl(v, src_lane); }
+// Four signed 8-bit products summed into c. ROCm 5.2 has no __dp4a; the portable form is exact
+// and lets the compiler pick a dot instruction where the target has one.
+__device__ inline int dp4a(int a, int b, int c) {
+  return c + int(int8_t(a)) * int(int8_t(b)) + int(int8_t(a >> 8)) * int(int8_t(b >> 8)) +
+         int(int8_t(a >> 16)) * int(int8_t(b >> 16)) + int(int8_t(a >> 24)) * int(int8_t(b >> 24));
+}
+#else
+template <class T>
+__device__ inline T shfl_xor(T v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+template <class T>
+__device__ inline T shfl(T v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
+__device__ inline int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#endif
+
+// IEEE half bits to float and back (round to nearest even), through the vendor's conversions.
+__device__ inline float half_bits_to_float(unsigned short h) { return __half2float(__ushort_as_half(h)); }
+__device__ inline unsigned short float_to_half_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+}  // namespace tessera::gpu
+#endif

@@ -93,21 +93,27 @@ TEST_P(GpuBackendTest, OutOfRangeDeviceIsRefused) {
                Error);
 }
 
-TEST_P(GpuBackendTest, SupportsOnlyImplementedOps) {
+// supports() answers for every op the kernels implement, and refuses what they do not (k-quants,
+// int8/int4 tables for embedding, quantized caches).
+TEST_P(GpuBackendTest, SupportsExactlyTheImplementedOps) {
   auto backend = create_or_check_refusal();
   if (backend == nullptr) GTEST_SKIP() << "no " << GetParam().backend << " device on this machine";
   EXPECT_EQ(backend->name(), GetParam().backend);
   EXPECT_FALSE(backend->devices().empty());
-  EXPECT_TRUE(backend->supports(Op::add, DType::F32));
-  EXPECT_TRUE(backend->supports(Op::silu_mul, DType::F32));
-  EXPECT_FALSE(backend->supports(Op::add, DType::F16));
-  EXPECT_FALSE(backend->supports(Op::gemm, DType::F32));
-  try {
-    backend->softmax(nullptr, 1, 1);
-    ADD_FAILURE() << "softmax should not be implemented yet";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("softmax is not implemented on the"), std::string::npos)
-        << e.what();
+  for (Op op : {Op::rms_norm, Op::rope, Op::silu_mul, Op::add, Op::softmax, Op::argmax}) {
+    EXPECT_TRUE(backend->supports(op, DType::F32)) << op_name(op);
+    EXPECT_FALSE(backend->supports(op, DType::F16)) << op_name(op);
+  }
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::I8, DType::I4}) {
+    EXPECT_TRUE(backend->supports(Op::gemm, t)) << dtype_name(t);
+  }
+  EXPECT_FALSE(backend->supports(Op::gemm, DType::Q4_K));
+  EXPECT_FALSE(backend->supports(Op::gemm, DType::Q6_K));
+  EXPECT_TRUE(backend->supports(Op::embedding, DType::Q4_0));
+  EXPECT_FALSE(backend->supports(Op::embedding, DType::I8));
+  for (Op op : {Op::kv_write, Op::attention, Op::sparse_attention}) {
+    for (DType t : {DType::F32, DType::F16, DType::BF16}) EXPECT_TRUE(backend->supports(op, t)) << op_name(op);
+    EXPECT_FALSE(backend->supports(op, DType::I8)) << op_name(op);
   }
 }
 

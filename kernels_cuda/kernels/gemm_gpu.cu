@@ -1,0 +1,260 @@
+// gemm: y[m][n] = x[m][k] · W[n][k]ᵀ for float, GGUF-block (Q8_0, Q4_0) and group-wise int4 weights.
+// The weight is unpacked in registers (never expanded to a float copy in memory):
+//   m <= kMaxM (decode): a warp per output feature streams its weight row once, in 16-byte (or
+//     whole-block) units, against all m activation rows — bound by weight bandwidth, as decode is.
+//   larger m (prefill, big batches): 64 x 64 output tiles through shared memory, the weight tile
+//     dequantized to float as it is staged, 4 x 4 outputs per thread.
+// Accumulation is in float throughout, so results match the CPU reference to float rounding.
+#include "common.cuh"
+
+namespace tessera::gpu {
+
+int64_t weight_row_bytes(WFormat format, int64_t cols) {
+  switch (format) {
+    case WFormat::f32: return cols * 4;
+    case WFormat::f16:
+    case WFormat::bf16: return cols * 2;
+    case WFormat::q8_0: return cols / 32 * 34;
+    case WFormat::q4_0: return cols / 32 * 18;
+    case WFormat::i4: return cols / 2;
+  }
+  return 0;
+}
+
+namespace {
+
+constexpr int kMaxM = 8;          // activation rows per GEMV launch
+constexpr int kGemvBlock = 256;   // threads: 8 warps of 32 or 4 wavefronts of 64
+constexpr int kGemvRows = 8;      // output features per block (a warp takes several on wave64)
+
+// ---- unit decoders for the GEMV: kUnit consecutive elements of row j starting at u * kUnit -----
+
+struct DecF32x4 {
+  static constexpr int kUnit = 4;
+  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
+    const float4 v = reinterpret_cast<const float4*>(row)[u];
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+};
+
+template <bool kBf16>
+struct DecHalfx8 {
+  static constexpr int kUnit = 8;
+  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
+    const uint4 v = reinterpret_cast<const uint4*>(row)[u];
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t lo = uint16_t(words[i] & 0xffffu), hi = uint16_t(words[i] >> 16);
+      out[2 * i] = kBf16 ? bf16_bits_to_float(lo) : half_bits_to_float(lo);
+      out[2 * i + 1] = kBf16 ? bf16_bits_to_float(hi) : half_bits_to_float(hi);
+    }
+  }
+};
+
+// GGUF Q8_0: fp16 scale + 32 int8 (blocks are 34 bytes, so only 2-byte aligned).
+struct DecQ8_0 {
+  static constexpr int kUnit = 32;
+  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
+    const uint8_t* blk = row + u * 34;
+    const float d = half_bits_to_float(load_u16(blk));
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const uint16_t q2 = load_u16(blk + 2 + 2 * t);
+      out[2 * t] = d * float(int8_t(q2 & 0xff));
+      out[2 * t + 1] = d * float(int8_t(q2 >> 8));
+    }
+  }
+};
+
+// GGUF Q4_0: fp16 scale + 16 bytes; byte i holds element i (low nibble) and i + 16 (high), offset 8.
+struct DecQ4_0 {
+  static constexpr int kUnit = 32;
+  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
+    const uint8_t* blk = row + u * 18;
+    const float d = half_bits_to_float(load_u16(blk));
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const uint16_t b2 = load_u16(blk + 2 + 2 * t);
+      const int b0 = b2 & 0xff, b1 = b2 >> 8;
+      out[2 * t] = d * float((b0 & 0x0f) - 8);
+      out[2 * t + 1] = d * float((b1 & 0x0f) - 8);
+      out[2 * t + 16] = d * float((b0 >> 4) - 8);
+      out[2 * t + 17] = d * float((b1 >> 4) - 8);
+    }
+  }
+};
+
+// int4, low nibble first: 8 elements from one 4-byte word, all in one group (group_size % 8 == 0).
+struct DecI4x8 {
+  static constexpr int kUnit = 8;
+  __device__ static void load(const GpuWeight& w, const uint8_t* row, int64_t j, int64_t u, float* out) {
+    const uint32_t bits = reinterpret_cast<const uint32_t*>(row)[u];
+    const int64_t gi = j * (w.cols / w.group_size) + (u * 8) / w.group_size;
+    const float scale = w.scales[gi];
+    const float zero = w.zeros != nullptr ? w.zeros[gi] : 8.0f;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (bits >> (8 * b)) & 0xffu;
+      out[2 * b] = (float(byte & 0x0fu) - zero) * scale;
+      out[2 * b + 1] = (float(byte >> 4) - zero) * scale;
+    }
+  }
+};
+
+// Any format, one element at a time: for shapes or pointers the vector units cannot take.
+struct DecScalar {
+  static constexpr int kUnit = 1;
+  __device__ static void load(const GpuWeight& w, const uint8_t* row, int64_t j, int64_t u, float* out) {
+    out[0] = weight_element(w, row, j, u);
+  }
+};
+
+template <class D, bool kVecX>
+__global__ void gemv_kernel(const float* __restrict__ x, int m, GpuWeight w, int64_t row_bytes,
+                            float* __restrict__ y) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t k = w.cols, n = w.rows;
+  const int64_t units = k / D::kUnit;
+  const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
+  for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
+    float acc[kMaxM];
+#pragma unroll
+    for (int i = 0; i < kMaxM; ++i) acc[i] = 0.0f;
+    for (int64_t u = lane; u < units; u += kWarpSize) {
+      float wv[D::kUnit];
+      D::load(w, row, j, u, wv);
+#pragma unroll
+      for (int i = 0; i < kMaxM; ++i) {
+        if (i < m) {  // a guard, not a break, so the loop unrolls and acc stays in registers
+          const float* xr = x + i * k + u * D::kUnit;
+          float s = acc[i];
+          if constexpr (kVecX) {
+#pragma unroll
+            for (int e = 0; e < D::kUnit; e += 4) {
+              const float4 xv = *reinterpret_cast<const float4*>(xr + e);
+              s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
+          }
+          acc[i] = s;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxM; ++i) {
+      if (i < m) {
+        const float s = warp_sum(acc[i]);
+        if (lane == 0) y[i * n + j] = s;
+      }
+    }
+  }
+}
+
+template <class D, bool kVecX>
+void launch_gemv(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t stream) {
+  const int64_t row_bytes = weight_row_bytes(w.format, w.cols);
+  const unsigned grid = static_cast<unsigned>((w.rows + kGemvRows - 1) / kGemvRows);
+  for (int64_t i0 = 0; i0 < m; i0 += kMaxM) {
+    const int rows = static_cast<int>(m - i0 < kMaxM ? m - i0 : kMaxM);
+    gemv_kernel<D, kVecX><<<grid, kGemvBlock, 0, stream>>>(x + i0 * w.cols, rows, w, row_bytes, y + i0 * w.rows);
+  }
+}
+
+// ---- tiled kernel for larger m -------------------------------------------------------------------
+
+constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTileThreads = 256;
+
+__global__ void gemm_tiled_kernel(const float* __restrict__ x, int64_t m, GpuWeight w, int64_t row_bytes,
+                                  float* __restrict__ y) {
+  // Transposed tiles ([k][row]) so the inner loop reads a row of each; +1 avoids bank conflicts on
+  // the transposing stores.
+  __shared__ float xs[kTileK][kTileM + 1];
+  __shared__ float ws[kTileK][kTileN + 1];
+  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+  const int64_t k = w.cols, n = w.rows;
+  const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    for (int e = t; e < kTileM * kTileK; e += kTileThreads) {
+      const int r = e / kTileK, kk = e % kTileK;
+      const int64_t i = m0 + r, c = k0 + kk;
+      xs[kk][r] = (i < m && c < k) ? x[i * k + c] : 0.0f;
+    }
+    for (int e = t; e < kTileN * kTileK; e += kTileThreads) {
+      const int r = e / kTileK, kk = e % kTileK;
+      const int64_t j = n0 + r, c = k0 + kk;
+      ws[kk][r] = (j < n && c < k) ? weight_element(w, base + j * row_bytes, j, c) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        a[q] = xs[kk][ty + 16 * q];
+        b[q] = ws[kk][tx + 16 * q];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[q][r] += a[q] * b[r];
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int64_t i = m0 + ty + 16 * q;
+    if (i >= m) continue;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t j = n0 + tx + 16 * r;
+      if (j < n) y[i * n + j] = acc[q][r];
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t stream) {
+  if (m <= 0 || w.rows <= 0) return;
+  const int64_t k = w.cols;
+  if (m > kMaxM) {
+    const dim3 grid(static_cast<unsigned>((w.rows + kTileN - 1) / kTileN),
+                    static_cast<unsigned>((m + kTileM - 1) / kTileM));
+    gemm_tiled_kernel<<<grid, kTileThreads, 0, stream>>>(x, m, w, weight_row_bytes(w.format, k), y);
+    return;
+  }
+  // Vector units need whole units per row and 16-byte aligned rows (x rows too, for float4 loads).
+  const bool vx = aligned16(x) && k % 4 == 0;
+  const bool vw = aligned16(w.data);
+  switch (w.format) {
+    case WFormat::f32:
+      if (vw && vx) return launch_gemv<DecF32x4, true>(x, m, w, y, stream);
+      break;
+    case WFormat::f16:
+      if (vw && vx && k % 8 == 0) return launch_gemv<DecHalfx8<false>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::bf16:
+      if (vw && vx && k % 8 == 0) return launch_gemv<DecHalfx8<true>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q8_0:
+      return vx ? launch_gemv<DecQ8_0, true>(x, m, w, y, stream) : launch_gemv<DecQ8_0, false>(x, m, w, y, stream);
+    case WFormat::q4_0:
+      return vx ? launch_gemv<DecQ4_0, true>(x, m, w, y, stream) : launch_gemv<DecQ4_0, false>(x, m, w, y, stream);
+    case WFormat::i4:
+      if (vw && vx && k % 8 == 0 && w.group_size % 8 == 0) return launch_gemv<DecI4x8, true>(x, m, w, y, stream);
+      break;
+  }
+  launch_gemv<DecScalar, false>(x, m, w, y, stream);
+}
+
+}  // namespace tessera::gpu

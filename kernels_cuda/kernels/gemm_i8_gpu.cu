@@ -1,0 +1,145 @@
+// W8A8 GEMM: activations are quantized per row (token) to int8 with scale absmax/127, rounded to
+// nearest even exactly as the CPU reference does; int8 products accumulate exactly in int32 (dp4a),
+// and the dequantization is fused into the output write: y = float(acc) * (sx * w_scale). Every step
+// is exact or a single IEEE operation in the same order as on the CPU, so the results agree bit for
+// bit with the CPU backend.
+#include "common.cuh"
+
+namespace tessera::gpu {
+
+namespace {
+
+constexpr int kQuantBlock = 256;
+
+__global__ void quantize_rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, int8_t* __restrict__ xq,
+                                     float* __restrict__ sx) {
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const float* xr = x + r * k;
+    float amax = 0;
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) amax = fmaxf(amax, fabsf(xr[c]));
+    amax = block_max(amax, scratch);
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
+      const int q = __float2int_rn(__fmul_rn(xr[c], inv));
+      xq[r * k + c] = int8_t(q < -127 ? -127 : (q > 127 ? 127 : q));
+    }
+    if (threadIdx.x == 0) sx[r] = amax / 127.0f;
+  }
+}
+
+// Four consecutive int8 of a row as one word; bytes past k read as 0 (any k, any alignment).
+__device__ inline int load4(const int8_t* row, int64_t c, int64_t k, bool aligned) {
+  if (aligned) return *reinterpret_cast<const int*>(row + c);
+  uint32_t v = 0;
+  for (int b = 0; b < 4; ++b) {
+    if (c + b < k) v |= uint32_t(uint8_t(row[c + b])) << (8 * b);
+  }
+  return int(v);
+}
+
+// Small m: a warp per output feature, all m rows at once.
+constexpr int kMaxM = 8, kGemvBlock = 256, kGemvRows = 8;
+
+__global__ void gemv_i8_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int m,
+                               const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
+                               int64_t k, bool aligned, float* __restrict__ y) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t words = (k + 3) / 4;
+  const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
+  for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
+    const int8_t* wr = w + j * k;
+    int acc[kMaxM];
+#pragma unroll
+    for (int i = 0; i < kMaxM; ++i) acc[i] = 0;
+    for (int64_t u = lane; u < words; u += kWarpSize) {
+      const int wv = load4(wr, 4 * u, k, aligned);
+#pragma unroll
+      for (int i = 0; i < kMaxM; ++i) {
+        if (i < m) acc[i] = dp4a(load4(xq + i * k, 4 * u, k, aligned), wv, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxM; ++i) {
+      if (i < m) {
+        const int s = warp_sum(acc[i]);
+        if (lane == 0) y[i * n + j] = float(s) * (sx[i] * w_scales[j]);
+      }
+    }
+  }
+}
+
+// Larger m: 64 x 64 output tiles, k in steps of 32 bytes (8 words) through shared memory.
+constexpr int kTileM = 64, kTileN = 64, kTileWords = 8, kTileThreads = 256;
+
+__global__ void gemm_i8_tiled_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int64_t m,
+                                     const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
+                                     int64_t k, bool aligned, float* __restrict__ y) {
+  __shared__ int xs[kTileWords][kTileM + 1];
+  __shared__ int ws[kTileWords][kTileN + 1];
+  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+  const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
+  int acc[4][4] = {};
+  for (int64_t c0 = 0; c0 < k; c0 += 4 * kTileWords) {
+    for (int e = t; e < kTileM * kTileWords; e += kTileThreads) {
+      const int r = e / kTileWords, kw = e % kTileWords;
+      const int64_t i = m0 + r, c = c0 + 4 * kw;
+      xs[kw][r] = (i < m && c < k) ? load4(xq + i * k, c, k, aligned) : 0;
+    }
+    for (int e = t; e < kTileN * kTileWords; e += kTileThreads) {
+      const int r = e / kTileWords, kw = e % kTileWords;
+      const int64_t j = n0 + r, c = c0 + 4 * kw;
+      ws[kw][r] = (j < n && c < k) ? load4(w + j * k, c, k, aligned) : 0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kw = 0; kw < kTileWords; ++kw) {
+      int a[4], b[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        a[q] = xs[kw][ty + 16 * q];
+        b[q] = ws[kw][tx + 16 * q];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[q][r] = dp4a(a[q], b[r], acc[q][r]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int64_t i = m0 + ty + 16 * q;
+    if (i >= m) continue;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t j = n0 + tx + 16 * r;
+      if (j < n) y[i * n + j] = float(acc[q][r]) * (sx[i] * w_scales[j]);
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* sx, cudaStream_t stream) {
+  if (m <= 0) return;
+  quantize_rows_kernel<<<capped_grid(m), kQuantBlock, 0, stream>>>(x, m, k, xq, sx);
+}
+
+void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
+             int64_t k, float* y, cudaStream_t stream) {
+  if (m <= 0 || n <= 0) return;
+  // Word loads need every row 4-byte aligned: k a multiple of 4 and both bases aligned.
+  const bool aligned = k % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 4 == 0 && reinterpret_cast<uintptr_t>(xq) % 4 == 0;
+  if (m > kMaxM) {
+    const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((m + kTileM - 1) / kTileM));
+    gemm_i8_tiled_kernel<<<grid, kTileThreads, 0, stream>>>(xq, sx, m, w, w_scales, n, k, aligned, y);
+    return;
+  }
+  gemv_i8_kernel<<<static_cast<unsigned>((n + kGemvRows - 1) / kGemvRows), kGemvBlock, 0, stream>>>(
+      xq, sx, static_cast<int>(m), w, w_scales, n, k, aligned, y);
+}
+
+}  // namespace tessera::gpu

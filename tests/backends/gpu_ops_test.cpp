@@ -1,0 +1,714 @@
+// Every op of the CUDA and HIP backends against the CPU backend (the reference), on random inputs
+// drawn fresh on each run (the seed is printed; TESSERA_TEST_SEED=<n> replays one), with outputs
+// poisoned (NaN) before each run and a poisoned guard after them. Then the real model: stories260K
+// greedy tokens on the device must equal the golden file. Without a device every test skips with the
+// backend's own refusal as the message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "tessera/engine.h"
+#include "tessera/error.h"
+#include "tessera/quantize_blocks.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kGuard = 8;  // poisoned floats after every output
+
+uint64_t run_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("TESSERA_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    return (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  }();
+  return seed;
+}
+
+std::string seed_note() { return "TESSERA_TEST_SEED=" + std::to_string(run_seed()) + " replays this run"; }
+
+class GpuOps : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (test::plugins().find(ComponentKind::backend, GetParam()) == nullptr) {
+      GTEST_SKIP() << "the " << GetParam() << " backend was not built";
+    }
+    try {
+      gpu_ = test::plugins().create<Backend>(GetParam(), nlohmann::json::object(), "test");
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no device: " << e.what();
+    }
+    rng_.seed(run_seed() ^ std::hash<std::string>{}(testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  Backend& gpu() { return *gpu_; }
+  Backend& cpu() { return test::cpu_backend(); }
+
+  std::vector<float> floats(size_t n, float lo = -1, float hi = 1) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng_);
+    return v;
+  }
+  int64_t pick(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng_); }
+
+  template <class T>
+  DeviceBuffer up(Backend& b, const std::vector<T>& v, size_t extra = 0) {
+    DeviceBuffer buf(b, std::max<size_t>(1, (v.size() + extra) * sizeof(T)));
+    if (!v.empty()) b.copy_to_device(buf.get(), v.data(), v.size() * sizeof(T));
+    return buf;
+  }
+  // n floats of NaN plus the guard.
+  DeviceBuffer poisoned(Backend& b, size_t n) { return up(b, std::vector<float>(n + kGuard, std::nanf(""))); }
+  // Reads n floats and checks the guard behind them.
+  std::vector<float> read(Backend& b, const DeviceBuffer& buf, size_t n, bool guarded = true) {
+    b.synchronize();
+    std::vector<float> v(n + (guarded ? kGuard : 0));
+    b.copy_to_host(v.data(), buf.get(), v.size() * sizeof(float));
+    if (guarded) {
+      for (size_t i = n; i < v.size(); ++i) EXPECT_TRUE(std::isnan(v[i])) << "wrote past the output at " << i;
+      v.resize(n);
+    }
+    return v;
+  }
+
+  std::shared_ptr<Backend> gpu_;
+  std::mt19937_64 rng_;
+};
+
+// |got - want| <= bound(i) everywhere (NaN fails); names the count and the first offender.
+template <class Bound>
+testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want, Bound bound) {
+  if (got.size() != want.size()) return testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(double(got[i]) - double(want[i])) <= bound(i))) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << bad << " of " << got.size() << " differ; first [" << first << "] got "
+                                     << got[first] << " want " << want[first] << " (allowed " << bound(first) << ")";
+}
+
+// ---- gemm -------------------------------------------------------------------------------------------
+
+// A weight in one of the formats, with its exact float values (what a kernel must multiply by).
+struct TestWeight {
+  DType dtype;
+  int64_t n, k, group = 0;
+  bool asym = false;
+  std::vector<uint8_t> data;
+  std::vector<float> scales, zeros, values;  // values: [n][k] dequantized
+};
+
+TestWeight make_weight(DType t, int64_t n, int64_t k, std::mt19937_64& rng, int64_t group = 32, bool asym = false) {
+  TestWeight w{t, n, k, group, asym, {}, {}, {}, std::vector<float>(size_t(n * k))};
+  std::uniform_real_distribution<float> u(-1, 1);
+  if (t == DType::I8) {
+    w.data.resize(size_t(n * k));
+    for (auto& b : w.data) b = uint8_t(int8_t(std::uniform_int_distribution<int>(-127, 127)(rng)));
+    for (int64_t j = 0; j < n; ++j) w.scales.push_back(0.001f + 0.02f * std::fabs(u(rng)));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t c = 0; c < k; ++c) w.values[size_t(j * k + c)] = float(int8_t(w.data[size_t(j * k + c)])) * w.scales[size_t(j)];
+    }
+    return w;
+  }
+  if (t == DType::I4) {
+    w.data.resize(size_t(n * k / 2));
+    for (auto& b : w.data) b = uint8_t(std::uniform_int_distribution<int>(0, 255)(rng));
+    const int64_t groups = k / group;
+    for (int64_t i = 0; i < n * groups; ++i) {
+      w.scales.push_back(0.01f + 0.1f * std::fabs(u(rng)));
+      if (asym) w.zeros.push_back(float(std::uniform_int_distribution<int>(0, 15)(rng)));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t c = 0; c < k; ++c) {
+        const uint8_t byte = w.data[size_t(j * k / 2 + c / 2)];
+        const int q = (c & 1) ? (byte >> 4) : (byte & 15);
+        const size_t gi = size_t(j * groups + c / group);
+        w.values[size_t(j * k + c)] = (float(q) - (asym ? w.zeros[gi] : 8.0f)) * w.scales[gi];
+      }
+    }
+    return w;
+  }
+  std::vector<float> src(size_t(n * k));
+  for (float& x : src) x = u(rng);
+  const size_t row = dtype_row_bytes(t, k);
+  w.data.resize(row * size_t(n));
+  for (int64_t j = 0; j < n; ++j) {
+    quantize_row(t, src.data() + j * k, w.data.data() + size_t(j) * row, k);
+    dequantize_row(t, w.data.data() + size_t(j) * row, w.values.data() + j * k, k);
+  }
+  return w;
+}
+
+// Allowed error relative to sum |x * w| per output. The own kernels accumulate the exact weight
+// values in f32; the cuBLAS path rounds activations (and expanded quantized weights) to f16/bf16.
+double gemm_tolerance(DType t, int64_t m, bool own_only) {
+  const bool blas = !own_only && m >= 9;
+  if (!blas || t == DType::F32) return 2e-5;
+  if (t == DType::BF16) return 1e-2;
+  return 3e-3;
+}
+
+TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
+  SCOPED_TRACE(seed_note());
+  struct Case {
+    DType t;
+    int64_t group;
+    bool asym;
+  };
+  const std::vector<Case> cases = {{DType::F32, 0, false}, {DType::F16, 0, false}, {DType::BF16, 0, false},
+                                   {DType::Q8_0, 0, false}, {DType::Q4_0, 0, false}, {DType::I4, 32, false},
+                                   {DType::I4, 64, true},   {DType::I4, 2, true}};
+  // m: decode sizes (GEMV), 9 (first tiled / BLAS size), 64+ (quantized BLAS expansion), odd tails.
+  for (const Case& c : cases) {
+    ASSERT_TRUE(gpu().supports(Op::gemm, c.t)) << dtype_name(c.t);
+    for (int64_t m : {1, 3, 8, 9, 37, 70}) {
+      for (int32_t variant : {0, 1}) {
+        const bool blocky = c.t == DType::Q8_0 || c.t == DType::Q4_0 || c.t == DType::I4;
+        const int64_t k = blocky ? 32 * pick(1, 12) : pick(1, 300) * (c.t == DType::I4 ? 2 : 1);
+        const int64_t n = pick(1, 200);
+        if (c.t == DType::I4 && k % c.group != 0) continue;
+        SCOPED_TRACE(std::string(dtype_name(c.t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                     " k=" + std::to_string(k) + " group=" + std::to_string(c.group) + " variant=" +
+                     std::to_string(variant));
+        TestWeight w = make_weight(c.t, n, k, rng_, c.group, c.asym);
+        const auto x = floats(size_t(m * k), -2, 2);
+        DeviceBuffer wd = up(gpu(), w.data), sd = up(gpu(), w.scales), zd = up(gpu(), w.zeros);
+        DeviceBuffer xd = up(gpu(), x), yd = poisoned(gpu(), size_t(m * n));
+        WeightView view{wd.get(), c.t, n, k};
+        if (c.t == DType::I4) {
+          view.scales = sd.as<float>();
+          view.zeros = c.asym ? zd.as<float>() : nullptr;
+          view.group_size = c.group;
+        }
+        view.kernel_variant = variant;
+        gpu().gemm(xd.as<float>(), m, view, yd.as<float>());
+        const auto y = read(gpu(), yd, size_t(m * n));
+        std::vector<float> want(size_t(m * n));
+        std::vector<double> mag(want.size());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0, abs_acc = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double prod = double(x[size_t(i * k + p)]) * w.values[size_t(j * k + p)];
+              acc += prod;
+              abs_acc += std::fabs(prod);
+            }
+            want[size_t(i * n + j)] = float(acc);
+            mag[size_t(i * n + j)] = abs_acc;
+          }
+        }
+        const double tol = gemm_tolerance(c.t, m, variant == 1);
+        EXPECT_TRUE(close(y, want, [&](size_t i) { return tol * mag[i] + 1e-6; }));
+      }
+    }
+  }
+}
+
+// W8A8 quantizes activations per token exactly as the CPU does and accumulates exactly in int32,
+// so the device must give the CPU's results to the last bit.
+TEST_P(GpuOps, GemmInt8EqualsCpuBitForBit) {
+  SCOPED_TRACE(seed_note());
+  ASSERT_TRUE(gpu().supports(Op::gemm, DType::I8));
+  for (int64_t m : {1, 2, 8, 9, 64, 101}) {
+    const int64_t n = pick(1, 300), k = pick(1, 700);
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    TestWeight w = make_weight(DType::I8, n, k, rng_);
+    auto x = floats(size_t(m * k), -3, 3);
+    if (m > 1) std::fill(x.begin() + k, x.begin() + 2 * k, 0.0f);  // an all-zero row: scale 0
+    auto run = [&](Backend& b) {
+      DeviceBuffer wd = up(b, w.data), sd = up(b, w.scales), xd = up(b, x), yd = poisoned(b, size_t(m * n));
+      WeightView view{wd.get(), DType::I8, n, k, sd.as<float>()};
+      b.gemm(xd.as<float>(), m, view, yd.as<float>());
+      return read(b, yd, size_t(m * n));
+    };
+    const auto got = run(gpu()), want = run(cpu());
+    EXPECT_TRUE(close(got, want, [](size_t) { return 0.0; }));
+  }
+  // m = 0 validates the view only (the int8 quantizer's load-time check).
+  EXPECT_NO_THROW(gpu().gemm(nullptr, 0, WeightView{nullptr, DType::I8, 4, 4, reinterpret_cast<const float*>(16)}, nullptr));
+}
+
+TEST_P(GpuOps, GemmRefusesWhatItCannotDo) {
+  EXPECT_FALSE(gpu().supports(Op::gemm, DType::Q4_K));
+  EXPECT_FALSE(gpu().supports(Op::gemm, DType::Q6_K));
+  DeviceBuffer b(gpu(), 64);
+  try {
+    gpu().gemm(b.as<float>(), 1, WeightView{b.get(), DType::Q6_K, 1, 256}, b.as<float>());
+    ADD_FAILURE() << "q6_k gemm should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
+  }
+  WeightView bad{b.get(), DType::F32, 1, 4};
+  bad.kernel_variant = 7;
+  EXPECT_THROW(gpu().gemm(b.as<float>(), 1, bad, b.as<float>()), Error);
+}
+
+// ---- row ops ----------------------------------------------------------------------------------------
+
+TEST_P(GpuOps, EmbeddingEqualsCpuForEveryTableType) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    ASSERT_TRUE(gpu().supports(Op::embedding, t));
+    const int64_t vocab = pick(1, 500), dim = 32 * pick(1, 20);
+    SCOPED_TRACE(std::string(dtype_name(t)) + " vocab " + std::to_string(vocab) + " dim " + std::to_string(dim));
+    TestWeight table = make_weight(t, vocab, dim, rng_);
+    std::vector<int32_t> ids(static_cast<size_t>(pick(1, 50)));
+    for (auto& id : ids) id = int32_t(pick(0, vocab - 1));
+    auto run = [&](Backend& b) {
+      DeviceBuffer td = up(b, table.data), id = up(b, ids), od = poisoned(b, ids.size() * size_t(dim));
+      b.embedding(WeightView{td.get(), t, vocab, dim}, id.as<int32_t>(), int64_t(ids.size()), od.as<float>());
+      return read(b, od, ids.size() * size_t(dim));
+    };
+    EXPECT_TRUE(close(run(gpu()), run(cpu()), [](size_t) { return 0.0; }));  // dequantizing is exact
+  }
+  EXPECT_FALSE(gpu().supports(Op::embedding, DType::I8));
+}
+
+TEST_P(GpuOps, OutOfRangeTokenIsReportedAtTheNextSync) {
+  std::vector<uint8_t> table(4 * 8 * 4, 0);
+  DeviceBuffer td = up(gpu(), table), od = poisoned(gpu(), 16);
+  DeviceBuffer id = up(gpu(), std::vector<int32_t>{1, 4});
+  gpu().embedding(WeightView{td.get(), DType::F32, 4, 8}, id.as<int32_t>(), 2, od.as<float>());
+  try {
+    gpu().synchronize();
+    ADD_FAILURE() << "token 4 of a 4-row table should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 4 is outside the vocabulary (0..3)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(gpu().synchronize()) << "the error is reported once";
+}
+
+TEST_P(GpuOps, RmsNormRopeSoftmaxSiluAddMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  const int64_t rows = pick(1, 40);
+  {
+    const int64_t dim = pick(1, 3000);
+    SCOPED_TRACE("rms_norm dim " + std::to_string(dim));
+    const auto x = floats(size_t(rows * dim), -4, 4), w = floats(size_t(dim), 0.5f, 1.5f);
+    auto run = [&](Backend& b, bool in_place) {
+      DeviceBuffer xd = up(b, x, kGuard), wd = up(b, w), od = poisoned(b, x.size());
+      if (in_place) {
+        b.copy_to_device(xd.as<float>() + x.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      }
+      b.rms_norm(xd.as<float>(), wd.as<float>(), in_place ? xd.as<float>() : od.as<float>(), rows, dim, 1e-5f);
+      return read(b, in_place ? xd : od, x.size());
+    };
+    const auto want = run(cpu(), false);
+    EXPECT_TRUE(close(run(gpu(), false), want, [&](size_t i) { return 1e-5 * std::fabs(want[i]) + 1e-6; }));
+    EXPECT_TRUE(close(run(gpu(), true), want, [&](size_t i) { return 1e-5 * std::fabs(want[i]) + 1e-6; })) << "in place";
+  }
+  for (RopeStyle style : {RopeStyle::adjacent, RopeStyle::neox}) {
+    const int64_t head_dim = 2 * pick(1, 128), n_heads = pick(1, 8);
+    const int64_t rope_dim = 2 * pick(1, head_dim / 2);
+    SCOPED_TRACE("rope head_dim " + std::to_string(head_dim) + " rope_dim " + std::to_string(rope_dim));
+    const auto x = floats(size_t(rows * n_heads * head_dim));
+    std::vector<int32_t> pos(static_cast<size_t>(rows));
+    for (auto& p : pos) p = int32_t(pick(0, 8191));
+    auto run = [&](Backend& b) {
+      DeviceBuffer xd = up(b, x, kGuard), pd = up(b, pos);
+      b.copy_to_device(xd.as<float>() + x.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      b.rope(xd.as<float>(), pd.as<int32_t>(), rows, n_heads, head_dim, rope_dim, 10000.0f, style);
+      return read(b, xd, x.size());
+    };
+    EXPECT_TRUE(close(run(gpu()), run(cpu()), [](size_t) { return 2e-6; }));  // angles in double on both
+  }
+  {
+    const int64_t cols = pick(1, 40000);
+    SCOPED_TRACE("softmax cols " + std::to_string(cols));
+    const auto x = floats(size_t(rows * cols), -30, 30);
+    auto run = [&](Backend& b) {
+      DeviceBuffer xd = up(b, x, kGuard);
+      b.copy_to_device(xd.as<float>() + x.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      b.softmax(xd.as<float>(), rows, cols);
+      return read(b, xd, x.size());
+    };
+    const auto want = run(cpu());
+    EXPECT_TRUE(close(run(gpu()), want, [&](size_t i) { return 1e-5 * want[i] + 1e-9; }));
+  }
+  {
+    const size_t n = size_t(pick(1, 100000));
+    const auto a = floats(n, -10, 10), c = floats(n, -10, 10);
+    auto run = [&](Backend& b, bool silu) {
+      DeviceBuffer ad = up(b, a), cd = up(b, c), od = poisoned(b, n);
+      if (silu) {
+        b.silu_mul(ad.as<float>(), cd.as<float>(), od.as<float>(), int64_t(n));
+      } else {
+        b.add(ad.as<float>(), cd.as<float>(), od.as<float>(), int64_t(n));
+      }
+      return read(b, od, n);
+    };
+    EXPECT_TRUE(close(run(gpu(), false), run(cpu(), false), [](size_t) { return 0.0; })) << "add";
+    const auto want = run(cpu(), true);
+    EXPECT_TRUE(close(run(gpu(), true), want, [&](size_t i) { return 1e-6 * std::fabs(want[i]) + 1e-7; })) << "silu_mul";
+  }
+}
+
+TEST_P(GpuOps, ArgmaxEqualsCpuIncludingTies) {
+  SCOPED_TRACE(seed_note());
+  const int64_t rows = pick(1, 64), cols = pick(1, 70000);
+  std::vector<float> x(size_t(rows * cols));
+  // Few distinct values, so rows have many tied maxima: the first must win.
+  for (float& v : x) v = float(pick(-20, 20));
+  for (int64_t r = 0; r < rows; r += 3) x[size_t(r * cols + pick(0, cols - 1))] = -INFINITY;
+  auto run = [&](Backend& b) {
+    DeviceBuffer xd = up(b, x), od = up(b, std::vector<int32_t>(size_t(rows + 4), -7));
+    b.argmax(xd.as<float>(), rows, cols, od.as<int32_t>());
+    b.synchronize();
+    std::vector<int32_t> out(size_t(rows + 4));
+    b.copy_to_host(out.data(), od.get(), out.size() * 4);
+    return out;
+  };
+  EXPECT_EQ(run(gpu()), run(cpu()));
+}
+
+// ---- kv_write + attention ------------------------------------------------------------------------------
+
+struct AttnSetup {
+  int64_t n_heads, n_kv_heads, head_dim, block_size, window;
+  std::vector<std::pair<int32_t, int32_t>> seqs;  // (q_len, context_len)
+};
+
+// Builds one ragged step over a shuffled paged pool, writes the history and this step's K/V with
+// kv_write, and runs attention (dense or with a random block-sparse layout) on `b`. The cache of
+// type kv_dtype on the device; the CPU reference gets an f32 cache holding the same rounded values.
+struct AttnRun {
+  std::vector<float> out, cache_k, scores;
+};
+
+class AttnCase {
+ public:
+  AttnCase(const AttnSetup& s, std::mt19937_64& rng, int64_t sparse_block) : s_(s), sparse_block_(sparse_block) {
+    std::uniform_real_distribution<float> u(-1, 1);
+    const int64_t kv_row = s.n_kv_heads * s.head_dim, q_row = s.n_heads * s.head_dim;
+    int64_t blocks = 0;
+    for (auto [q, ctx] : s.seqs) blocks += (ctx + s.block_size - 1) / s.block_size;
+    num_blocks_ = blocks + 2;
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks_));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    size_t next = 0;
+    int32_t q_start = 0;
+    for (size_t si = 0; si < s.seqs.size(); ++si) {
+      const auto [q_len, ctx] = s.seqs[si];
+      descs_.push_back({q_start, q_len, ctx, int32_t(tables_.size())});
+      for (int64_t b = 0; b < (ctx + s.block_size - 1) / s.block_size; ++b) tables_.push_back(ids[next++]);
+      for (int32_t t = 0; t < ctx; ++t) {
+        slots_.push_back(tables_[size_t(descs_.back().block_table_offset + t / s.block_size)] * int32_t(s.block_size) +
+                         t % int32_t(s.block_size));
+        for (int64_t e = 0; e < kv_row; ++e) {
+          k_.push_back(u(rng));
+          v_.push_back(u(rng));
+        }
+      }
+      for (int64_t e = 0; e < q_len * q_row; ++e) q_.push_back(u(rng));
+      q_start += q_len;
+      max_q_ = std::max(max_q_, q_len);
+      max_ctx_ = std::max(max_ctx_, ctx);
+    }
+    n_tokens_ = q_start;
+    if (sparse_block_ > 0) {
+      // Every other sequence sparse; random kept blocks per (kv head, query block), always keeping the
+      // query's own block so every row has keys.
+      int32_t entries = 0;
+      offsets_.push_back(0);
+      for (auto [q_len, ctx] : s.seqs) {
+        const bool sp = seq_base_.size() % 2 == 0 && q_len > 1;
+        if (!sp) {
+          seq_base_.push_back(-1);
+          continue;
+        }
+        seq_base_.push_back(entries);
+        const int64_t first_qb = (ctx - q_len) / sparse_block_, last_qb = (ctx - 1) / sparse_block_;
+        for (int64_t h = 0; h < s.n_kv_heads; ++h) {
+          for (int64_t qb = first_qb; qb <= last_qb; ++qb) {
+            for (int64_t kb = 0; kb <= qb; ++kb) {
+              if (kb == qb || std::uniform_int_distribution<int>(0, 2)(rng) == 0) kept_.push_back(int32_t(kb));
+            }
+            offsets_.push_back(int32_t(kept_.size()));
+            ++entries;
+          }
+        }
+      }
+      entries_ = entries;
+    }
+  }
+
+  // Float values as a cache of type t stores them.
+  static std::vector<float> rounded(const std::vector<float>& v, DType t) {
+    std::vector<float> out(v);
+    for (float& x : out) x = t == DType::F16 ? fp16_to_f32(f32_to_fp16(x)) : t == DType::BF16 ? bf16_to_f32(f32_to_bf16(x)) : x;
+    return out;
+  }
+
+  AttnRun run(Backend& b, DType cache, bool cache_rounded_in_f32) {
+    const int64_t kv_row = s_.n_kv_heads * s_.head_dim, q_row = s_.n_heads * s_.head_dim;
+    const size_t elem = cache == DType::F32 ? 4 : 2;
+    const size_t pool = size_t(num_blocks_ * s_.block_size * kv_row);
+    auto upv = [&](const auto& v) {
+      DeviceBuffer buf(b, std::max<size_t>(1, v.size() * sizeof(v[0])));
+      if (!v.empty()) b.copy_to_device(buf.get(), v.data(), v.size() * sizeof(v[0]));
+      return buf;
+    };
+    DeviceBuffer kp = upv(std::vector<uint8_t>(pool * elem, 0xFF)), vp = upv(std::vector<uint8_t>(pool * elem, 0xFF));
+    KvLayerView kv{kp.get(), vp.get(), cache, num_blocks_, s_.block_size, s_.n_kv_heads, s_.head_dim};
+    const auto ks = cache_rounded_in_f32 ? rounded(k_, rounding_) : k_;
+    const auto vs = cache_rounded_in_f32 ? rounded(v_, rounding_) : v_;
+    DeviceBuffer kd = upv(ks), vd = upv(vs), sd = upv(slots_);
+    b.kv_write(kv, kd.as<float>(), vd.as<float>(), sd.as<int32_t>(), int64_t(slots_.size()));
+    DeviceBuffer qd = upv(q_), dd = upv(descs_), td = upv(tables_);
+    DeviceBuffer od = upv(std::vector<float>(size_t(n_tokens_ * q_row) + kGuard, std::nanf("")));
+    DeviceBuffer bd = upv(seq_base_), fd = upv(offsets_), ed = upv(kept_);
+    AttentionArgs a;
+    a.q = qd.as<float>();
+    a.out = od.as<float>();
+    a.n_tokens = n_tokens_;
+    a.n_heads = s_.n_heads;
+    a.scale = 1.0f / std::sqrt(float(s_.head_dim));
+    a.window = s_.window;
+    a.seqs = dd.as<AttentionSeqDesc>();
+    a.n_seqs = int64_t(descs_.size());
+    a.block_tables = td.as<int32_t>();
+    a.max_q_len = max_q_;
+    a.max_context_len = max_ctx_;
+    AttnRun r;
+    if (sparse_block_ > 0) {
+      a.sparse = BlockSparseLayout{sparse_block_, bd.as<int32_t>(), fd.as<int32_t>(), ed.as<int32_t>()};
+      const int64_t n_kb = (max_ctx_ + sparse_block_ - 1) / sparse_block_;
+      const size_t n_scores = size_t(entries_ * n_kb);
+      DeviceBuffer scd = upv(std::vector<float>(n_scores + kGuard, std::nanf("")));
+      b.attention_block_scores(a, kv, scd.as<float>());
+      b.synchronize();
+      r.scores.resize(n_scores + kGuard);
+      b.copy_to_host(r.scores.data(), scd.get(), r.scores.size() * 4);
+    }
+    b.attention(a, kv);
+    b.synchronize();
+    r.out.resize(size_t(n_tokens_ * q_row) + kGuard);
+    b.copy_to_host(r.out.data(), od.get(), r.out.size() * 4);
+    std::vector<uint8_t> raw(pool * elem);
+    b.copy_to_host(raw.data(), kp.get(), raw.size());
+    r.cache_k.resize(pool);
+    for (size_t i = 0; i < pool; ++i) {
+      if (elem == 4) {
+        std::memcpy(&r.cache_k[i], raw.data() + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        r.cache_k[i] = cache == DType::F16 ? fp16_to_f32(h) : bf16_to_f32(h);
+      }
+    }
+    return r;
+  }
+
+  void set_rounding(DType t) { rounding_ = t; }
+
+ private:
+  AttnSetup s_;
+  int64_t sparse_block_;
+  int64_t num_blocks_ = 0, n_tokens_ = 0, entries_ = 0;
+  int32_t max_q_ = 0, max_ctx_ = 0;
+  DType rounding_ = DType::F32;
+  std::vector<AttentionSeqDesc> descs_;
+  std::vector<int32_t> tables_, slots_, seq_base_, offsets_, kept_;
+  std::vector<float> q_, k_, v_;
+};
+
+TEST_P(GpuOps, KvWriteAndPagedAttentionMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  int n = 0;
+  for (DType cache : {DType::F32, DType::F16, DType::BF16}) {
+    ASSERT_TRUE(gpu().supports(Op::attention, cache) && gpu().supports(Op::kv_write, cache));
+    for (int64_t head_dim : {16, 64, 128, 256}) {
+      for (int64_t n_kv : {1, 2, 8}) {
+        const int64_t n_heads = 8;
+        AttnSetup s{n_heads, n_kv, head_dim, pick(1, 32), pick(0, 1) ? 0 : pick(1, 100), {}};
+        // Decodes, a fresh prefill, a chunk continuing a prefix, one long context (several chunks).
+        s.seqs = {{1, int32_t(pick(1, 300))}, {int32_t(pick(2, 40)), 0}, {int32_t(pick(2, 20)), 0}, {1, 1}};
+        s.seqs[1].second = s.seqs[1].first;
+        s.seqs[2].second = s.seqs[2].first + int32_t(pick(0, 200));
+        SCOPED_TRACE(std::string(dtype_name(cache)) + " head_dim " + std::to_string(head_dim) + " kv heads " +
+                     std::to_string(n_kv) + " block " + std::to_string(s.block_size) + " window " +
+                     std::to_string(s.window));
+        AttnCase c(s, rng_, 0);
+        c.set_rounding(cache);
+        const AttnRun got = c.run(gpu(), cache, false);
+        const AttnRun want = c.run(cpu(), DType::F32, true);  // the CPU sees the values the cache holds
+        for (size_t i = want.out.size() - kGuard; i < want.out.size(); ++i) {
+          ASSERT_TRUE(std::isnan(got.out[i])) << "attention wrote past its output";
+        }
+        // Stored K equals the CPU's (rounded) copy, and untouched slots stay poisoned on both.
+        EXPECT_EQ(got.cache_k.size(), want.cache_k.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < got.cache_k.size(); ++i) {
+          diff += !(got.cache_k[i] == want.cache_k[i] || (std::isnan(got.cache_k[i]) && std::isnan(want.cache_k[i])));
+        }
+        EXPECT_EQ(diff, 0u) << "kv_write stored different values";
+        // Both sides compute in f32 over the same (cache-rounded) values, which lie in [-1, 1]; a
+        // kernel that rounded q or the probabilities to the cache type would need ~1e-3 here.
+        const double tol = 2e-5;
+        std::vector<float> g(got.out.begin(), got.out.end() - kGuard), w(want.out.begin(), want.out.end() - kGuard);
+        EXPECT_TRUE(close(g, w, [&](size_t) { return tol; }));
+        ++n;
+      }
+    }
+  }
+  EXPECT_GT(n, 0);
+}
+
+TEST_P(GpuOps, BlockSparseAttentionAndBlockScoresMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  ASSERT_TRUE(gpu().supports(Op::sparse_attention, DType::F32));
+  for (int64_t head_dim : {32, 64, 128}) {
+    for (int64_t n_kv : {1, 4}) {
+      const int64_t block = 8 * pick(1, 8);
+      AttnSetup s{8, n_kv, head_dim, pick(4, 32), 0, {}};
+      const int32_t long_q = int32_t(pick(20, 300));
+      s.seqs = {{long_q, long_q + int32_t(pick(0, 200))}, {1, int32_t(pick(1, 100))}, {int32_t(pick(2, 50)), 0}};
+      s.seqs[2].second = s.seqs[2].first + int32_t(pick(0, 70));
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " kv heads " + std::to_string(n_kv) + " sparse block " +
+                   std::to_string(block));
+      AttnCase c(s, rng_, block);
+      const AttnRun got = c.run(gpu(), DType::F32, false);
+      const AttnRun want = c.run(cpu(), DType::F32, false);
+      std::vector<float> g(got.out.begin(), got.out.end() - kGuard), w(want.out.begin(), want.out.end() - kGuard);
+      EXPECT_TRUE(close(g, w, [](size_t) { return 2e-5; })) << "attention";
+      // Scores: entries the op must fill agree; entries it must leave (beyond the causal blocks)
+      // stay poisoned on both.
+      ASSERT_EQ(got.scores.size(), want.scores.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < want.scores.size(); ++i) {
+        const bool gn = std::isnan(got.scores[i]), wn = std::isnan(want.scores[i]);
+        if (gn != wn || (!wn && std::fabs(got.scores[i] - want.scores[i]) > 1e-5 * (1 + std::fabs(want.scores[i])))) ++bad;
+      }
+      EXPECT_EQ(bad, 0u) << "block scores differ";
+    }
+  }
+}
+
+TEST_P(GpuOps, OutOfRangeKvSlotIsReportedAtTheNextSync) {
+  DeviceBuffer kp(gpu(), 4 * 8 * 4), vp(gpu(), 4 * 8 * 4);
+  KvLayerView kv{kp.get(), vp.get(), DType::F32, 2, 2, 1, 8};
+  DeviceBuffer rows = up(gpu(), std::vector<float>(16, 1.0f)), slots = up(gpu(), std::vector<int32_t>{0, 9});
+  gpu().kv_write(kv, rows.as<float>(), rows.as<float>(), slots.as<int32_t>(), 2);
+  try {
+    gpu().synchronize();
+    ADD_FAILURE() << "slot 9 of 4 should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv slot 9 is outside the cache (4 slots)"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(GpuOps, AttentionRefusesHeadSizesBeyondItsLimit) {
+  DeviceBuffer b(gpu(), 64);
+  KvLayerView kv{b.get(), b.get(), DType::F32, 1, 1, 1, 512};
+  AttentionArgs a;
+  a.n_heads = 1;
+  try {
+    gpu().attention(a, kv);
+    ADD_FAILURE() << "head size 512 should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head size 512"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the real model ---------------------------------------------------------------------------------
+
+struct Golden {
+  std::vector<int32_t> prompt, completion;
+};
+
+std::vector<Golden> golden(const std::string& file) {
+  std::vector<Golden> out;
+  for (const auto& item : test::read_json(test::kShared + "/golden/" + file)) {
+    out.push_back({item.at("prompt_token_ids"), item.at("completion_token_ids")});
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> generate(Pipeline& p, const std::vector<Golden>& cases, bool together) {
+  std::vector<std::vector<int32_t>> out;
+  auto run = [&](size_t begin, size_t end) {
+    Engine engine(p);
+    for (size_t i = begin; i < end; ++i) {
+      GenerationRequest req;
+      req.prompt = cases[i].prompt;
+      req.max_tokens = int64_t(cases[i].completion.size());
+      engine.submit(std::move(req));
+    }
+    engine.run_until_idle();
+    auto results = engine.take_finished();
+    std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    for (auto& r : results) out.push_back(r.tokens);
+  };
+  if (together) {
+    run(0, cases.size());
+  } else {
+    for (size_t i = 0; i < cases.size(); ++i) run(i, i + 1);
+  }
+  return out;
+}
+
+std::unique_ptr<Pipeline> device_pipeline(const std::string& backend, const std::string& model,
+                                          const nlohmann::json& components = nlohmann::json::object()) {
+  PipelineSpec spec = default_pipeline_spec();
+  spec.model = model;
+  spec.backend = backend;
+  for (const auto& [kind_text, value] : components.items()) {
+    ComponentKind kind;
+    if (!parse_kind(kind_text, &kind)) throw Error("bad kind in test: " + kind_text);
+    ComponentSpec c;
+    c.plugin = value.at("plugin").get<std::string>();
+    c.params = value;
+    c.params.erase("plugin");
+    c.where = "test";
+    spec.components[kind] = c;
+  }
+  return Pipeline::build(spec, test::plugins());
+}
+
+TEST_P(GpuOps, Stories260KGreedyTokensEqualTheGoldenFileAloneAndBatched) {
+  const auto cases = golden("stories260K-f32.greedy96.json");
+  ASSERT_EQ(cases.size(), 5u);
+  for (const char* cache : {"contiguous", "paged"}) {
+    SCOPED_TRACE(cache);
+    nlohmann::json comps = {{"cache", {{"plugin", cache}}}};
+    if (std::string(cache) == "paged") comps["cache"]["memory"] = "64MiB";
+    auto p = device_pipeline(GetParam(), test::kStoriesF32, comps);
+    ASSERT_EQ(p->backend().name(), GetParam());
+    for (bool together : {false, true}) {
+      const auto got = generate(*p, cases, together);
+      ASSERT_EQ(got.size(), cases.size());
+      for (size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_EQ(got[i], cases[i].completion) << "prompt " << i << (together ? " (batched)" : " (alone)");
+      }
+    }
+  }
+}
+
+// Every op the float model needs is supported, so `backend: auto` must choose the device (CUDA is
+// tried before HIP).
+TEST_P(GpuOps, AutoBackendPicksTheDevice) {
+  auto p = device_pipeline("auto", test::kStoriesF32);
+  if (GetParam() == "cuda") {
+    EXPECT_EQ(p->backend().name(), "cuda");
+  } else {
+    EXPECT_NE(p->backend().name(), "cpu");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuOps, testing::Values("cuda", "hip"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+}  // namespace tessera
