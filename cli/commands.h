@@ -11,6 +11,7 @@ void add_run_command(CLI::App& app);
 void add_plugins_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 // The options every pipeline-building command shares.
 void add_pipeline_options(CLI::App& cmd, PipelineArgs& args);

@@ -1,4 +1,4 @@
-// tessera: run, eval and list plugins from the command line.
+// tessera: run, serve, eval and list plugins from the command line.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_plugins_command(app);
   tessera::cli::add_eval_command(app);
   tessera::cli::add_synth_command(app);
+  tessera::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
