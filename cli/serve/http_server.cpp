@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <ctime>
 #include <iostream>
 #include <random>
@@ -66,6 +68,13 @@ HttpServer::HttpServer(Pipeline& pipeline, ServingEngine& engine, ChatTemplate c
 HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
+  // httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once overflows it and
+  // the kernel resets the surplus connections. Linux lets listen() be called again to enlarge it.
+  int listen_fd = -1;
+  svr_->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   int port = config_.port;
   if (config_.port == 0) {
     port = svr_->bind_to_any_port(config_.host);
@@ -74,6 +83,7 @@ int HttpServer::bind() {
     throw Error("cannot bind to " + config_.host + ":" + std::to_string(config_.port) +
                 " (in use, or not an address of this machine)");
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   return port;
 }
 
