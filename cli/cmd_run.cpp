@@ -26,7 +26,13 @@ struct RunArgs {
   std::optional<double> temperature;
   std::optional<int64_t> top_k;
   std::optional<double> top_p;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> presence_penalty;
   std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::optional<int64_t> logprobs;  // absent: none reported; 0: the chosen token's; N: and N alternatives
   std::string format = "text";
   bool ignore_eos = false;
 };
@@ -44,7 +50,13 @@ void run(const RunArgs& args) {
   if (args.temperature) sampling.temperature = *args.temperature;
   if (args.top_k) sampling.top_k = *args.top_k;
   if (args.top_p) sampling.top_p = *args.top_p;
+  if (args.min_p) sampling.min_p = *args.min_p;
+  if (args.repetition_penalty) sampling.repetition_penalty = *args.repetition_penalty;
+  if (args.frequency_penalty) sampling.frequency_penalty = *args.frequency_penalty;
+  if (args.presence_penalty) sampling.presence_penalty = *args.presence_penalty;
   if (args.seed) sampling.seed = *args.seed;
+  if (args.logprobs) sampling.logprobs = *args.logprobs;
+  validate_sampling(sampling);  // names the field and value of a bad flag
 
   std::vector<std::string> prompts = args.prompts;
   if (prompts.empty()) prompts.push_back("");  // generate from BOS alone
@@ -57,9 +69,10 @@ void run(const RunArgs& args) {
     req.max_tokens = args.max_tokens;
     req.sampling = sampling;
     req.ignore_eos = args.ignore_eos;
+    req.stop = args.stop;
     if (stream) {
       std::cout << text << std::flush;
-      req.on_token = [&tok](RequestId, int32_t t) { std::cout << tok.token_to_piece(t) << std::flush; };
+      req.on_text = [](RequestId, std::string_view t) { std::cout << t << std::flush; };
     }
     ids.push_back(engine.submit(std::move(req)));
   }
@@ -78,7 +91,21 @@ void run(const RunArgs& args) {
       j["prompt"] = prompts[i];
       j["prompt_token_ids"] = r.prompt;
       j["completion_token_ids"] = r.tokens;
-      j["completion_text"] = tok.decode(r.tokens);
+      j["completion_text"] = r.text;
+      if (args.logprobs) {
+        j["logprobs"] = r.logprobs;
+        if (*args.logprobs > 0) {
+          nlohmann::json top = nlohmann::json::array();
+          for (const auto& alternatives : r.top_logprobs) {
+            nlohmann::json one = nlohmann::json::array();
+            for (const TokenLogprob& a : alternatives) {
+              one.push_back({{"token", a.token}, {"text", tok.token_to_piece(a.token)}, {"logprob", a.logprob}});
+            }
+            top.push_back(std::move(one));
+          }
+          j["top_logprobs"] = std::move(top);
+        }
+      }
       j["finish_reason"] = finish_reason_name(r.reason);
       if (!r.error.empty()) j["error"] = r.error;
       j["timings"] = {{"prefill_seconds", prefill_s},
@@ -95,7 +122,7 @@ void run(const RunArgs& args) {
       // Generated text may end inside a UTF-8 sequence: replace what cannot be encoded.
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
-      if (!stream) std::cout << prompts[i] << tok.decode(r.tokens);
+      if (!stream) std::cout << prompts[i] << r.text;
       std::cout << "\n";
       std::cerr << "[" << r.prompt.size() << " prompt tokens at " << static_cast<int64_t>(prefill_tps)
                 << " tok/s, " << r.tokens.size() << " generated at " << static_cast<int64_t>(decode_tps)
@@ -121,7 +148,17 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", args->min_p, "drop tokens below min_p x the top probability (0 = off)");
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "divide logits of tokens in prompt and output (1 = off)");
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "subtract this x the count of each generated token (-2..2)");
+  cmd->add_option("--presence-penalty", args->presence_penalty, "subtract this from each generated token (-2..2)");
   cmd->add_option("--seed", args->seed, "random seed");
+  cmd->add_option("--stop", args->stop, "stop string (repeatable); the text ends before it")
+      ->allow_extra_args(false);  // one string per --stop, so a prompt can follow
+  cmd->add_option("--logprobs", args->logprobs,
+                  "report each generated token's log-probability and N alternatives (0..20; JSON output)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
   cmd->add_option("--format", args->format, "text or json (one JSON object per prompt, per line)")
       ->check(CLI::IsMember({"text", "json"}));

@@ -43,34 +43,51 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   alignas(32) float scores[kKeyBlock];
   const float* krows[kKeyBlock];
   const float* vrows[kKeyBlock];
+  // Block-sparse: this sequence's kept key blocks for (kv head, query block).
+  const BlockSparseLayout& sp = a.sparse;
+  const bool sparse = sp.block > 0 && sp.seq_base[t.seq] >= 0;
+  const int64_t first_qb = sparse ? first_pos / sp.block : 0;
+  const int64_t n_qb = sparse ? (s.context_len - 1) / sp.block - first_qb + 1 : 0;
+
   for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
     const int64_t pos = first_pos + qi;
-    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
     const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
     std::fill(m, m + group, -INFINITY);
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + group * hd, 0.0f);
-    for (int64_t b = lo; b <= pos; b += kKeyBlock) {
-      const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - b));
-      for (int j = 0; j < n; ++j) {
-        const int64_t key = b + j;
-        const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
-        krows[j] = kbase + slot * kv_stride;
-        vrows[j] = vbase + slot * kv_stride;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
-        const float block_max = *std::max_element(scores, scores + n);
-        const float new_m = std::max(m[g], block_max);
-        const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
-        float* ag = acc + g * hd;
-        if (correction != 1.0f) {
-          for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
+    // Online softmax over keys [lo, hi], in chunks of kKeyBlock.
+    auto visit = [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b <= hi; b += kKeyBlock) {
+        const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
+        for (int j = 0; j < n; ++j) {
+          const int64_t key = b + j;
+          const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
+          krows[j] = kbase + slot * kv_stride;
+          vrows[j] = vbase + slot * kv_stride;
         }
-        l[g] = l[g] * correction + ops.exp_shift(scores, n, new_m);
-        ops.weighted_sum(scores, vrows, n, hd, ag);
-        m[g] = new_m;
+        for (int64_t g = 0; g < group; ++g) {
+          ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
+          const float block_max = *std::max_element(scores, scores + n);
+          const float new_m = std::max(m[g], block_max);
+          const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
+          float* ag = acc + g * hd;
+          if (correction != 1.0f) {
+            for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
+          }
+          l[g] = l[g] * correction + ops.exp_shift(scores, n, new_m);
+          ops.weighted_sum(scores, vrows, n, hd, ag);
+          m[g] = new_m;
+        }
       }
+    };
+    if (sparse) {
+      const int64_t entry = sp.seq_base[t.seq] + t.kv_head * n_qb + (pos / sp.block - first_qb);
+      for (int32_t i = sp.offsets[entry]; i < sp.offsets[entry + 1]; ++i) {
+        const int64_t lo = int64_t(sp.kept[i]) * sp.block;
+        if (lo <= pos) visit(lo, std::min(pos, lo + sp.block - 1));
+      }
+    } else {
+      visit(a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0, pos);
     }
     float* out = a.out + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
     for (int64_t g = 0; g < group; ++g) {

@@ -55,7 +55,8 @@ class CpuBackend final : public Backend {
       case Op::gemm: return gemm_supports(dtype);
       case Op::embedding: return gemm_supports(dtype) && dtype != DType::I8 && dtype != DType::I4;
       case Op::kv_write:
-      case Op::attention: return dtype == DType::F32;
+      case Op::attention:
+      case Op::sparse_attention: return dtype == DType::F32;
       default: return dtype == DType::F32;
     }
   }
@@ -94,6 +95,9 @@ class CpuBackend final : public Backend {
     cpu::kv_write(kv, k, v, slots, rows);
   }
   void attention(const AttentionArgs& args, const KvLayerView& kv) override { cpu::attention(args, kv); }
+  void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores) override {
+    cpu::attention_block_scores(args, kv, scores);
+  }
   void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
     cpu::argmax(logits, rows, cols, out);
   }

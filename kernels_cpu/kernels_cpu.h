@@ -30,6 +30,7 @@ void add(const float* a, const float* b, float* out, int64_t n);
 void softmax(float* x, int64_t rows, int64_t cols);
 void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows);
 void attention(const AttentionArgs& args, const KvLayerView& kv);
+void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores);
 void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out);
 
 // Row of any supported weight type to float (vectorised for f16, bf16, Q8_0, Q4_0).

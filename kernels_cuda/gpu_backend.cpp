@@ -143,6 +143,9 @@ class GpuBackend final : public Backend {
     missing(Op::kv_write);
   }
   void attention(const AttentionArgs&, const KvLayerView&) override { missing(Op::attention); }
+  void attention_block_scores(const AttentionArgs&, const KvLayerView&, float*) override {
+    missing(Op::sparse_attention);
+  }
   void argmax(const float*, int64_t, int64_t, int32_t*) override { missing(Op::argmax); }
 
  private:

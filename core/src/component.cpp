@@ -1,5 +1,7 @@
 #include "tessera/component.h"
 
+#include <sstream>
+
 #include "tessera/backend.h"
 #include "tessera/cache.h"
 #include "tessera/decoder.h"
@@ -42,6 +44,7 @@ std::string_view op_name(Op op) {
     case Op::kv_write: return "kv_write";
     case Op::attention: return "attention";
     case Op::argmax: return "argmax";
+    case Op::sparse_attention: return "sparse_attention";
   }
   return "?";
 }
@@ -53,13 +56,25 @@ size_t CacheGeometry::bytes_per_token() const {
 
 void validate_sampling(const SamplingParams& p) {
   auto bad = [](const std::string& field, double v, const std::string& rule) {
-    throw Error("invalid sampling parameter " + field + "=" + std::to_string(v) + ": " + rule);
+    std::ostringstream value;
+    value << v;  // 1.5, -1, nan: as the user wrote it, not "1.500000"
+    throw Error("invalid sampling parameter " + field + "=" + value.str() + ": " + rule);
   };
-  if (!(p.temperature >= 0.0) || p.temperature > 100.0) bad("temperature", p.temperature, "must be in [0, 100]");
+  // Written as !(in range) so that NaN is refused too.
+  if (!(p.temperature >= 0.0 && p.temperature <= 100.0)) bad("temperature", p.temperature, "must be in [0, 100]");
   if (p.top_k < 0) bad("top_k", double(p.top_k), "must be >= 0 (0 disables it)");
   if (!(p.top_p > 0.0 && p.top_p <= 1.0)) bad("top_p", p.top_p, "must be in (0, 1]");
   if (!(p.min_p >= 0.0 && p.min_p <= 1.0)) bad("min_p", p.min_p, "must be in [0, 1]");
-  if (!(p.repetition_penalty > 0.0)) bad("repetition_penalty", p.repetition_penalty, "must be > 0");
+  if (!(p.repetition_penalty > 0.0 && p.repetition_penalty <= 100.0)) {
+    bad("repetition_penalty", p.repetition_penalty, "must be in (0, 100] (1 disables it)");
+  }
+  if (!(p.frequency_penalty >= -2.0 && p.frequency_penalty <= 2.0)) {
+    bad("frequency_penalty", p.frequency_penalty, "must be in [-2, 2] (0 disables it)");
+  }
+  if (!(p.presence_penalty >= -2.0 && p.presence_penalty <= 2.0)) {
+    bad("presence_penalty", p.presence_penalty, "must be in [-2, 2] (0 disables it)");
+  }
+  if (p.logprobs < 0 || p.logprobs > 20) bad("logprobs", double(p.logprobs), "must be in [0, 20]");
 }
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "tessera/error.h"
+#include "tessera/text_stream.h"
 
 namespace tessera {
 
@@ -34,6 +35,7 @@ struct Engine::Sequence {
   int64_t max_total = 0;        // prompt + max_tokens, capped by the context
   uint64_t rng = 0;
   SamplingParams sampling;
+  TextStream text;  // detokenized output, stop strings
   bool done = false;
 
   SequenceInfo info() const {
@@ -125,7 +127,11 @@ RequestId Engine::submit(GenerationRequest request) {
                   std::to_string(config.vocab - 1) + ")");
     }
   }
+  for (const std::string& stop : request.stop) {
+    if (stop.empty()) throw Error("a stop string is empty; every stop string needs at least one character");
+  }
   auto s = std::make_unique<Sequence>();
+  s->text = TextStream(request.stop);
   s->sampling = request.sampling ? *request.sampling : pipeline_.decoder().default_params();
   validate_sampling(s->sampling);
   s->rng = s->sampling.seed;
@@ -149,6 +155,9 @@ void Engine::cancel(RequestId id) {
 
 void Engine::finish(Sequence& s, FinishReason reason) {
   pipeline_.cache().release(s.result.id);
+  const std::string_view rest = s.text.take_rest();
+  if (s.request.on_text && !rest.empty()) s.request.on_text(s.result.id, rest);
+  s.result.text = s.text.text();
   s.done = true;
   s.result.reason = reason;
   s.result.finished = now();
@@ -285,6 +294,7 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     item.vocab = vocab;
     item.params = s->sampling;
     item.history = s->tokens;
+    item.prompt_tokens = int64_t(s->request.prompt.size());
     item.rng_state = &s->rng;
     items.push_back(std::move(item));
     item_seqs.push_back(s);
@@ -292,21 +302,30 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
   }
   pipeline_.decoder().select(items);
 
-  const int32_t eos = pipeline_.tokenizer().eos();
+  const Tokenizer& tokenizer = pipeline_.tokenizer();
+  const int32_t eos = tokenizer.eos();
   const double t = now();
   int64_t generated = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence* s = item_seqs[i];
+    const DecodeItem& item = items[i];
     FinishReason reason = FinishReason::none;
-    for (int32_t tok : items[i].tokens) {
+    for (size_t k = 0; k < item.tokens.size(); ++k) {
+      const int32_t tok = item.tokens[k];
       s->tokens.push_back(tok);
       s->result.tokens.push_back(tok);
       s->result.token_times.push_back(t);
+      if (k < item.logprobs.size()) s->result.logprobs.push_back(item.logprobs[k]);
+      if (k < item.top_logprobs.size()) s->result.top_logprobs.push_back(item.top_logprobs[k]);
       ++generated;
       if (s->result.first_token == 0) s->result.first_token = t;
       if (s->request.on_token) s->request.on_token(s->result.id, tok);
       const auto& stops = s->request.stop_tokens;
-      if (!s->request.ignore_eos && tok == eos) {
+      const bool eos_hit = !s->request.ignore_eos && tok == eos;
+      // The end token adds no text; a caller's stop token does (as the model's output).
+      if (!eos_hit && s->text.append(tokenizer.token_to_piece(tok))) {
+        reason = FinishReason::stop;
+      } else if (eos_hit) {
         reason = FinishReason::eos;
       } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
         reason = FinishReason::stop;
@@ -314,6 +333,10 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
         reason = FinishReason::length;
       }
       if (reason != FinishReason::none) break;
+    }
+    if (reason == FinishReason::none && s->request.on_text) {
+      const std::string_view ready = s->text.take_ready();
+      if (!ready.empty()) s->request.on_text(s->result.id, ready);
     }
     if (reason != FinishReason::none) finish(*s, reason);
   }

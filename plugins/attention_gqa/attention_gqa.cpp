@@ -1,6 +1,5 @@
 // attention: gqa — dense causal attention for MHA, GQA and MQA (the head counts decide), reading
 // K/V from the cache's blocks; optional sliding window.
-#include <cmath>
 #include <memory>
 #include <string>
 
@@ -32,19 +31,7 @@ class GqaAttention final : public Attention {
   void forward(Backend& backend, const AttentionStep& step, const KvLayerView& kv, const float* q,
                const float* k, const float* v, float* out) override {
     backend.kv_write(kv, k, v, step.slots, step.n_tokens);
-    AttentionArgs args;
-    args.q = q;
-    args.out = out;
-    args.n_tokens = step.n_tokens;
-    args.n_heads = shape_.n_heads;
-    args.scale = 1.0f / std::sqrt(static_cast<float>(shape_.head_dim));
-    args.window = shape_.window;
-    args.seqs = step.seqs;
-    args.n_seqs = static_cast<int64_t>(step.host_seqs.size());
-    args.block_tables = step.block_tables;
-    args.max_q_len = step.max_q_len;
-    args.max_context_len = step.max_context_len;
-    backend.attention(args, kv);
+    backend.attention(dense_attention_args(step, shape_, q, out), kv);
   }
 
  private:

@@ -135,3 +135,64 @@ TEST(Cli, EvalAgainstABaselineReportsDeltaAndAgreement) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+nlohmann::json first_json_line(const std::string& text) {
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    if (!line.empty() && line[0] == '{') return nlohmann::json::parse(line);
+  }
+  return nlohmann::json();
+}
+
+TEST(Cli, RunStopStringsAndLogprobs) {
+  // Greedy: ", there was a little girl named Lily. She"; " girl" ends it, "zzz" never matches.
+  Output o = tessera_cmd("run --format json -n 20 --logprobs 3 --stop zzz --stop ' girl' 'Once upon a time'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  auto j = first_json_line(o.text);
+  EXPECT_EQ(j["completion_text"], ", there was a little");
+  EXPECT_EQ(j["finish_reason"], "stop");
+  const auto n = j["completion_token_ids"].size();
+  ASSERT_EQ(j["logprobs"].size(), n);
+  ASSERT_EQ(j["top_logprobs"].size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_LE(j["logprobs"][i].get<double>(), 0.0);
+    ASSERT_EQ(j["top_logprobs"][i].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(j["top_logprobs"][i][0]["token"], j["completion_token_ids"][i]);
+    EXPECT_DOUBLE_EQ(j["top_logprobs"][i][0]["logprob"].get<double>(), j["logprobs"][i].get<double>());
+  }
+  // Without --logprobs the JSON carries none.
+  o = tessera_cmd("run --format json -n 4 --prompt 'Once upon a time'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_FALSE(first_json_line(o.text).contains("logprobs"));
+}
+
+TEST(Cli, RunPenaltyAndMinPFlags) {
+  const Output plain = tessera_cmd("run --format json -n 40 --ignore-eos --prompt 'Tom and his dog went to the park'");
+  const Output pen = tessera_cmd(
+      "run --format json -n 40 --ignore-eos --repetition-penalty 1.3 --frequency-penalty 0.4 --presence-penalty 0.3 "
+      "--min-p 0.05 --prompt 'Tom and his dog went to the park'");
+  ASSERT_EQ(plain.status, 0) << plain.text;
+  ASSERT_EQ(pen.status, 0) << pen.text;
+  EXPECT_NE(first_json_line(plain.text)["completion_token_ids"], first_json_line(pen.text)["completion_token_ids"]);
+}
+
+TEST(Cli, RunRefusesOutOfRangeSamplingFlagsNamingThem) {
+  for (const auto& [flag, field] : std::vector<std::pair<std::string, std::string>>{
+           {"--frequency-penalty 3", "frequency_penalty=3"},
+           {"--presence-penalty -2.5", "presence_penalty=-2.5"},
+           {"--min-p 1.5", "min_p=1.5"},
+           {"--repetition-penalty 0", "repetition_penalty=0"},
+           {"--logprobs 21", "logprobs=21"}}) {
+    const Output o = tessera_cmd("run -n 2 " + flag + " hello");
+    EXPECT_EQ(o.status, 1) << flag << ": " << o.text;
+    EXPECT_NE(o.text.find(field), std::string::npos) << flag << ": " << o.text;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -93,8 +94,35 @@ TEST(SamplingValidation, RejectsOutOfRangeValuesNamingTheField) {
   p.top_p = 0;
   expect_refused(p, "top_p");
   p.top_p = 1.5;
-  expect_refused(p, "top_p");
+  expect_refused(p, "top_p=1.5");
+  p = {};
+  p.min_p = -0.1;
+  expect_refused(p, "min_p");
+  p = {};
+  p.top_k = -3;
+  expect_refused(p, "top_k=-3");
+  p = {};
+  p.repetition_penalty = 0;
+  expect_refused(p, "repetition_penalty");
+  p = {};
+  p.frequency_penalty = 2.5;
+  expect_refused(p, "frequency_penalty=2.5");
+  p = {};
+  p.presence_penalty = -3;
+  expect_refused(p, "presence_penalty=-3");
+  p = {};
+  p.logprobs = 21;
+  expect_refused(p, "logprobs=21");
+  p = {};
+  p.temperature = std::nan("");
+  expect_refused(p, "temperature");
   EXPECT_NO_THROW(validate_sampling(SamplingParams{}));
+  p = {};
+  p.frequency_penalty = -2;
+  p.presence_penalty = 2;
+  p.logprobs = 20;
+  p.min_p = 1;
+  EXPECT_NO_THROW(validate_sampling(p));
 }
 
 TEST_P(DecoderConformance, DefaultsAreValid) { EXPECT_NO_THROW(validate_sampling(decoder_->default_params())); }
@@ -196,6 +224,88 @@ TEST_P(DecoderConformance, TokensStayInsideTheVocabulary) {
       generate(*decoder_, p, {{1, 3}, {2, 4}}, 8, {{1, 2}}, vocab);
     }
   }
+}
+
+// Greedy choice among crafted logits for a history whose first `prompt_tokens` are the prompt.
+int32_t greedy_with(Decoder& d, SamplingParams p, const std::vector<float>& logits, const std::vector<int32_t>& history,
+                    int64_t prompt_tokens) {
+  p.temperature = 0;
+  uint64_t rng = 1;
+  std::vector<DecodeItem> items = {item(1, logits, p, history, &rng)};
+  items[0].prompt_tokens = prompt_tokens;
+  d.select(items);
+  EXPECT_FALSE(items[0].tokens.empty());
+  return items[0].tokens.empty() ? -1 : items[0].tokens[0];
+}
+
+TEST_P(DecoderConformance, RepetitionPenaltyCountsPromptAndOutput) {
+  SamplingParams p = params(0.0);
+  p.repetition_penalty = 1.5;
+  // Token 0 leads by a little; seen once (in the prompt), 2.0 / 1.5 falls below 1.8.
+  EXPECT_EQ(greedy_with(*decoder_, p, {2.0f, 1.8f, -1.0f}, {}, 0), 0);
+  EXPECT_EQ(greedy_with(*decoder_, p, {2.0f, 1.8f, -1.0f}, {0}, 1), 1);
+  EXPECT_EQ(greedy_with(*decoder_, p, {2.0f, 1.8f, -1.0f}, {5, 0}, 1), 1);
+  // Negative logits are multiplied: -1.0 x 1.5 = -1.5 now loses to -1.2.
+  EXPECT_EQ(greedy_with(*decoder_, p, {-1.0f, -1.2f}, {0}, 1), 1);
+  p.repetition_penalty = 1.0;
+  EXPECT_EQ(greedy_with(*decoder_, p, {2.0f, 1.8f, -1.0f}, {0}, 1), 0);
+}
+
+TEST_P(DecoderConformance, FrequencyAndPresencePenaltiesCountOnlyGeneratedTokens) {
+  SamplingParams f = params(0.0);
+  f.frequency_penalty = 0.3;
+  const std::vector<float> logits = {2.0f, 1.5f};
+  // In the prompt only: no penalty, however often.
+  EXPECT_EQ(greedy_with(*decoder_, f, logits, {0, 0, 0, 0}, 4), 0);
+  // Generated once: 2.0 - 0.3 = 1.7 still leads; twice: 1.4 no longer.
+  EXPECT_EQ(greedy_with(*decoder_, f, logits, {1, 0}, 1), 0);
+  EXPECT_EQ(greedy_with(*decoder_, f, logits, {1, 0, 0}, 1), 1);
+  SamplingParams pr = params(0.0);
+  pr.presence_penalty = 0.6;
+  // Presence counts once, however often: 2.0 - 0.6 = 1.4 < 1.5.
+  EXPECT_EQ(greedy_with(*decoder_, pr, logits, {0, 0, 0}, 3), 0);
+  EXPECT_EQ(greedy_with(*decoder_, pr, logits, {1, 0}, 1), 1);
+  pr.presence_penalty = 0.4;
+  EXPECT_EQ(greedy_with(*decoder_, pr, logits, {1, 0, 0, 0, 0}, 1), 0);
+  // A negative penalty favours repeats.
+  SamplingParams neg = params(0.0);
+  neg.presence_penalty = -1.0;
+  EXPECT_EQ(greedy_with(*decoder_, neg, {1.0f, 1.5f}, {0}, 0), 0);
+}
+
+TEST_P(DecoderConformance, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  const auto logits = random_floats(97, 11, -5, 5);
+  double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (float v : logits) sum += std::exp(double(v) - mx);
+  auto logprob = [&](int32_t t) { return double(logits[size_t(t)]) - mx - std::log(sum); };
+  for (double t : {0.0, 0.7}) {
+    SamplingParams p = params(t, 10, 0.9, 3);
+    p.logprobs = 4;
+    p.repetition_penalty = 1.2;  // penalties and temperature do not change the reported logprobs
+    uint64_t rng = 3;
+    const std::vector<int32_t> history = {5, 6};
+    std::vector<DecodeItem> items = {item(1, logits, p, history, &rng)};
+    decoder_->select(items);
+    const DecodeItem& it = items[0];
+    ASSERT_FALSE(it.tokens.empty());
+    ASSERT_EQ(it.logprobs.size(), it.tokens.size());
+    ASSERT_EQ(it.top_logprobs.size(), it.tokens.size());
+    EXPECT_NEAR(it.logprobs[0], logprob(it.tokens[0]), 1e-5);
+    ASSERT_EQ(it.top_logprobs[0].size(), 4u);
+    std::vector<int32_t> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_EQ(it.top_logprobs[0][k].token, order[k]);
+      EXPECT_NEAR(it.top_logprobs[0][k].logprob, logprob(order[k]), 1e-5);
+    }
+  }
+  // Without a request for alternatives, only the chosen token's logprob comes back.
+  uint64_t rng = 1;
+  std::vector<DecodeItem> items = {item(1, logits, params(0.0), {}, &rng)};
+  decoder_->select(items);
+  EXPECT_EQ(items[0].logprobs.size(), items[0].tokens.size());
+  EXPECT_TRUE(items[0].top_logprobs.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Decoders, DecoderConformance, testing::ValuesIn(plugin_names(ComponentKind::decoder)),

@@ -134,6 +134,9 @@ class NoBlockGemm final : public Backend {
     b_->kv_write(kv, k, v, slots, rows);
   }
   void attention(const AttentionArgs& args, const KvLayerView& kv) override { b_->attention(args, kv); }
+  void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float* s) override {
+    b_->attention_block_scores(a, kv, s);
+  }
   void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
     b_->argmax(logits, rows, cols, out);
   }

@@ -244,6 +244,9 @@ class NoI8Backend final : public Backend {
     b_.kv_write(kv, k, v, s, r);
   }
   void attention(const AttentionArgs& a, const KvLayerView& kv) override { b_.attention(a, kv); }
+  void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float* s) override {
+    b_.attention_block_scores(a, kv, s);
+  }
   void argmax(const float* l, int64_t r, int64_t c, int32_t* o) override { b_.argmax(l, r, c, o); }
 
  private:

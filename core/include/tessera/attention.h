@@ -2,6 +2,7 @@
 // each sequence's cached context. Heads: MHA, GQA and MQA follow from n_heads / n_kv_heads.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -28,6 +29,24 @@ struct AttentionStep {
   int32_t max_q_len = 0;
   int32_t max_context_len = 0;
 };
+
+// The dense attention call for a step (scale 1/sqrt(head_dim), the shape's window).
+inline AttentionArgs dense_attention_args(const AttentionStep& step, const AttentionShape& shape, const float* q,
+                                          float* out) {
+  AttentionArgs args;
+  args.q = q;
+  args.out = out;
+  args.n_tokens = step.n_tokens;
+  args.n_heads = shape.n_heads;
+  args.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  args.window = shape.window;
+  args.seqs = step.seqs;
+  args.n_seqs = static_cast<int64_t>(step.host_seqs.size());
+  args.block_tables = step.block_tables;
+  args.max_q_len = step.max_q_len;
+  args.max_context_len = step.max_context_len;
+  return args;
+}
 
 class Attention {
  public:

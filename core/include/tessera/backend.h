@@ -31,6 +31,9 @@ enum class Op : uint32_t {
   kv_write,   // dtype: the cache's
   attention,  // dtype: the cache's
   argmax,
+  // Block-sparse prefill (dtype: the cache's): attention() honouring AttentionArgs::sparse, and
+  // attention_block_scores() which scores key blocks for it.
+  sparse_attention,
 };
 std::string_view op_name(Op op);
 
@@ -62,6 +65,19 @@ struct AttentionSeqDesc {
   int32_t block_table_offset = 0;
 };
 
+// Block-sparse layout for attention(): queries and keys are grouped in blocks of `block` positions
+// (block b holds positions [b*block, (b+1)*block)). seq_base[s] < 0 leaves sequence s dense;
+// otherwise entry i = seq_base[s] + h * n_qb(s) + qb, for kv head h and query block qb counted from
+// the block of the sequence's first query (n_qb(s) blocks cover its queries), lists the key blocks
+// its queries attend to: kept[offsets[i] .. offsets[i + 1]), ascending. Causality still applies
+// inside each kept block. All arrays are backend memory.
+struct BlockSparseLayout {
+  int64_t block = 0;  // 0 = dense attention for every sequence
+  const int32_t* seq_base = nullptr;  // [n_seqs]
+  const int32_t* offsets = nullptr;
+  const int32_t* kept = nullptr;
+};
+
 struct AttentionArgs {
   const float* q = nullptr;  // [n_tokens][n_heads * head_dim]
   float* out = nullptr;      // [n_tokens][n_heads * head_dim]
@@ -74,6 +90,7 @@ struct AttentionArgs {
   const int32_t* block_tables = nullptr;   // backend memory
   int32_t max_q_len = 0;                   // host-side bounds, for launch sizing
   int32_t max_context_len = 0;
+  BlockSparseLayout sparse;  // only with supports(sparse_attention); the window is ignored where used
 };
 
 class Backend {
@@ -114,6 +131,12 @@ class Backend {
   virtual void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots,
                         int64_t rows) = 0;
   virtual void attention(const AttentionArgs& args, const KvLayerView& kv) = 0;
+  // Cheap key-block scores for choosing a sparse layout: for each entry i of args.sparse (seq_base,
+  // kv head, query block as in BlockSparseLayout; offsets and kept are not read),
+  // scores[i * n_kb + kb] = scale * (mean query of the block over its queries in this step and the
+  // head's query group) · (mean key of key block kb), for every key block kb up to the query
+  // block's own; n_kb = ceil(max_context_len / block). Other entries are left untouched.
+  virtual void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores) = 0;
   // out[r] = argmax of logits row r (first maximum on ties).
   virtual void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) = 0;
 };

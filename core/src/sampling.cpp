@@ -1,0 +1,164 @@
+#include "tessera/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tessera {
+
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double uniform01(uint64_t& state) { return double(next_random(state) >> 11) * (1.0 / 9007199254740992.0); }
+
+bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+}
+
+void apply_penalties(const SamplingParams& p, std::span<const int32_t> history, int64_t prompt_tokens,
+                     std::span<float> logits) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  auto inside = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (p.repetition_penalty != 1.0) {
+    std::unordered_set<int32_t> seen(history.begin(), history.end());
+    const auto r = float(p.repetition_penalty);
+    for (int32_t t : seen) {
+      if (!inside(t)) continue;
+      float& l = logits[size_t(t)];
+      l = l > 0 ? l / r : l * r;
+    }
+  }
+  if (p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
+    const size_t from = size_t(std::clamp<int64_t>(prompt_tokens, 0, int64_t(history.size())));
+    std::unordered_map<int32_t, int64_t> counts;
+    for (size_t i = from; i < history.size(); ++i) ++counts[history[i]];
+    for (const auto& [t, n] : counts) {
+      if (!inside(t)) continue;
+      logits[size_t(t)] -= float(double(n) * p.frequency_penalty + p.presence_penalty);
+    }
+  }
+}
+
+int32_t argmax(const float* logits, int64_t vocab) {
+  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
+void sampling_distribution(const SamplingParams& p, const float* logits, int64_t vocab,
+                           std::vector<Candidate>& out) {
+  out.clear();
+  if (vocab <= 0) return;
+  if (p.temperature == 0.0) {
+    out.push_back({argmax(logits, vocab), 1.0});
+    return;
+  }
+  // Candidates by decreasing logit (ties: lower id first, so the order is deterministic), cut by
+  // top-k, then softmax at the temperature, then min-p and top-p on the sorted probabilities.
+  out.resize(size_t(vocab));
+  for (int64_t i = 0; i < vocab; ++i) out[size_t(i)] = {int32_t(i), double(logits[i])};
+  auto before = [](const Candidate& a, const Candidate& b) { return a.p > b.p || (a.p == b.p && a.token < b.token); };
+  int64_t keep = vocab;
+  if (p.top_k > 0) keep = std::min(keep, p.top_k);
+  std::partial_sort(out.begin(), out.begin() + keep, out.end(), before);
+  out.resize(size_t(keep));
+  const double top = out[0].p;
+  double sum = 0;
+  for (Candidate& c : out) {
+    c.p = std::exp((c.p - top) / p.temperature);
+    sum += c.p;
+  }
+  for (Candidate& c : out) c.p /= sum;
+  size_t n = out.size();
+  if (p.min_p > 0) {
+    const double floor = p.min_p * out[0].p;
+    while (n > 1 && out[n - 1].p < floor) --n;
+  }
+  if (p.top_p < 1.0) {
+    double cum = 0;
+    size_t i = 0;
+    for (; i < n; ++i) {
+      cum += out[i].p;
+      if (cum >= p.top_p) break;
+    }
+    n = std::min(n, i + 1);
+  }
+  out.resize(n);
+  double mass = 0;
+  for (const Candidate& c : out) mass += c.p;
+  for (Candidate& c : out) c.p /= mass;
+}
+
+int32_t draw(std::span<const Candidate> dist, uint64_t& rng) {
+  double mass = 0;
+  for (const Candidate& c : dist) mass += c.p;
+  double r = uniform01(rng) * mass;
+  for (const Candidate& c : dist) {
+    r -= c.p;
+    if (r < 0) return c.token;
+  }
+  // Rounding left a sliver: the last token with probability above zero.
+  for (auto it = dist.rbegin(); it != dist.rend(); ++it) {
+    if (it->p > 0) return it->token;
+  }
+  return dist.empty() ? 0 : dist.front().token;
+}
+
+void token_logprobs(const float* logits, int64_t vocab, int32_t chosen, int64_t top_n, float* chosen_logprob,
+                    std::vector<TokenLogprob>* top) {
+  const float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = double(mx) + std::log(sum);
+  if (chosen_logprob != nullptr) *chosen_logprob = float(double(logits[chosen]) - lse);
+  if (top == nullptr) return;
+  top->clear();
+  if (top_n <= 0) return;
+  const int64_t n = std::min(top_n, vocab);
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) ids[size_t(i)] = int32_t(i);
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int64_t i = 0; i < n; ++i) top->push_back({ids[size_t(i)], float(double(logits[ids[size_t(i)]]) - lse)});
+}
+
+const float* TokenSampler::penalized(const SamplingParams& p, const float* logits, int64_t vocab,
+                                     std::span<const int32_t> history, int64_t prompt_tokens) {
+  if (!has_penalties(p) || history.empty()) return logits;
+  penalized_.assign(logits, logits + vocab);
+  apply_penalties(p, history, prompt_tokens, penalized_);
+  return penalized_.data();
+}
+
+int32_t TokenSampler::pick(const SamplingParams& p, const float* logits, int64_t vocab,
+                           std::span<const int32_t> history, int64_t prompt_tokens, uint64_t& rng) {
+  const float* l = penalized(p, logits, vocab, history, prompt_tokens);
+  if (p.temperature == 0.0) return argmax(l, vocab);
+  sampling_distribution(p, l, vocab, dist_);
+  return draw(dist_, rng);
+}
+
+void TokenSampler::record(DecodeItem& item, const float* logits, int32_t token) {
+  float lp = 0;
+  std::vector<TokenLogprob> top;
+  token_logprobs(logits, item.vocab, token, item.params.logprobs, &lp, item.params.logprobs > 0 ? &top : nullptr);
+  item.tokens.push_back(token);
+  item.logprobs.push_back(lp);
+  if (item.params.logprobs > 0) {
+    item.top_logprobs.resize(item.tokens.size() - 1);
+    item.top_logprobs.push_back(std::move(top));
+  }
+}
+
+void TokenSampler::select_one(DecodeItem& item) {
+  uint64_t local = item.params.seed;
+  uint64_t& rng = item.rng_state != nullptr ? *item.rng_state : local;
+  const int32_t t = pick(item.params, item.logits, item.vocab, item.history, item.prompt_tokens, rng);
+  record(item, item.logits, t);
+}
+
+}  // namespace tessera
