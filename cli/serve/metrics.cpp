@@ -92,7 +92,6 @@ void ServerMetrics::count_http(const std::string& route, int status) {
 
 void ServerMetrics::count_user(const std::string& user, int status) {
   std::lock_guard lock(mutex_);
-  ++global_.requests[status];
   ++user_series(user).requests[status];
 }
 

@@ -45,7 +45,7 @@ class ServerMetrics {
 
  private:
   struct Series {
-    std::map<int, int64_t> requests;  // by status
+    std::map<int, int64_t> requests;  // by status (per user only: routes count the total)
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     Histogram ttft, itl;
     Series();

@@ -14,6 +14,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <regex>
@@ -36,6 +37,25 @@ inline std::string serve_pipeline(const TempDir& dir, const std::string& server_
                      "model: " + kStoriesF32 + "\nbackend: cpu\n";
   if (!server_yaml.empty()) text += "server:\n" + server_yaml;
   return dir.write(name, text);
+}
+
+// A synthetic 28M-parameter model (q8_0, context 2048) for tests that need a request to stay in
+// flight for a while: a few ms per token where stories260K takes a fraction of one. Written once per
+// test process with `tessera synth`.
+inline std::string slow_serve_pipeline(const TempDir& dir, const std::string& server_yaml = "") {
+  static TempDir* model_dir = new TempDir();
+  static const std::string model = [] {
+    const std::string path = model_dir->path() + "/slow.gguf";
+    const std::string cmd = std::string("'") + TESSERA_BINARY + "' synth --preset tiny --dim 512 --ffn 1536 " +
+                            "--layers 8 --heads 8 --kv-heads 8 --vocab 512 --context 2048 --dtype q8_0 -o '" + path +
+                            "' >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) throw Error("tessera synth failed: " + cmd);
+    return path;
+  }();
+  std::string text = "extends: " + std::string(TESSERA_SOURCE_DIR) + "/pipelines/paged.yaml\n" + "model: " + model +
+                     "\nbackend: cpu\ncomponents:\n  quantizer: { plugin: gguf }\n";
+  if (!server_yaml.empty()) text += "server:\n" + server_yaml;
+  return dir.write("slow.yaml", text);
 }
 
 // `tessera serve ARGS --port 0` as a child process; the port comes from its "listening on" line.
