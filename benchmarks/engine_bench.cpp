@@ -187,6 +187,54 @@ void BM_ShortTtft(benchmark::State& state) {
 }
 BENCHMARK(BM_ShortTtft)->Args({0, 60})->Args({1, 60})->Args({0, 100})->Args({1, 100})->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// TTFT of chat-like turns that repeat a long prefix (a system prompt or document): each request is
+// the same prefix plus 16 new tokens, sent after the previous one finished, with paged (recomputes
+// the prefix every time) against prefix_lru (maps the cached prefix). The first request of each run
+// finds nothing cached; the counters cover the other 7.
+void BM_SharedPrefixTtft(benchmark::State& state) {
+  const bool reuse = state.range(0) == 1;
+  const nlohmann::json cache = {{"plugin", reuse ? "prefix_lru" : "paged"}, {"block_size", 16}, {"memory", "1GiB"}};
+  auto p = pipeline(env_or("TESSERA_BENCH_LONG_MODEL", decode_model()),
+                    {{"cache", cache}, {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 8}, {"max_batch_tokens", 2048}}}});
+  const int64_t vocab = p->model().config().vocab;
+  const int64_t prefix_len = std::min<int64_t>(1024, p->model().config().context_length - 48);
+  constexpr int kTurns = 8;
+  std::mt19937_64 rng(3);
+  const auto prefix = random_prompt(rng, prefix_len, vocab);
+  for (auto _ : state) {
+    Engine engine(*p);
+    std::vector<double> ttft;
+    int64_t prefill_before = 0;
+    const double t0 = engine.now();
+    for (int i = 0; i < kTurns; ++i) {
+      GenerationRequest req;
+      req.prompt = prefix;
+      const auto turn = random_prompt(rng, 17, vocab);
+      req.prompt.insert(req.prompt.end(), turn.begin() + 1, turn.end());
+      req.max_tokens = 16;
+      req.ignore_eos = true;
+      engine.submit(req);
+      engine.run_until_idle();
+      const auto done = engine.take_finished();
+      if (i == 0) {
+        prefill_before = engine.stats().prefill_tokens;
+      } else {
+        ttft.push_back(done.at(0).ttft());
+      }
+    }
+    state.SetIterationTime(engine.now() - t0);
+    double mean = 0;
+    for (double t : ttft) mean += t;
+    state.counters["mean_ttft_ms"] = mean / double(ttft.size()) * 1000;
+    state.counters["prefill_tokens_per_turn"] =
+        double(engine.stats().prefill_tokens - prefill_before) / double(kTurns - 1);
+    state.counters["prefix_hit_rate"] = p->cache().stats().prefix.hit_rate();
+  }
+  state.SetLabel(std::string(reuse ? "prefix_lru" : "paged") + ", prefix " + std::to_string(prefix_len) +
+                 " + 16 tokens per turn, 16 out, turns one after another, " + p->model().config().name);
+}
+BENCHMARK(BM_SharedPrefixTtft)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace tessera
 

@@ -3,7 +3,6 @@
 // weight GB/s and GFLOP/s; plus this machine's limits — read bandwidth and FMA peak — so that every
 // figure can be read as a share of what the hardware allows.
 #include <benchmark/benchmark.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "tessera/device_buffer.h"
+#include "tessera/machine_probe.h"
 #include "tessera/quantize_blocks.h"
 #include "bench_registry.h"
 #include "tessera/registry.h"
@@ -87,33 +87,14 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-// Read bandwidth over a buffer far larger than the caches, all threads.
-__attribute__((target("avx2"))) double sum_avx2(const float* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
-  }
-  alignas(32) float out[8];
-  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  return double(out[0]) + out[7];
-}
-
+// Read bandwidth over a buffer far larger than the caches, all threads (the same pass that
+// `tessera bench` times for its conditions block).
 void BM_MemoryReadBandwidth(benchmark::State& state) {
   const size_t bytes = size_t(512) << 20;
   auto* buf = static_cast<float*>(std::aligned_alloc(64, bytes));
   std::memset(buf, 1, bytes);
-  const size_t n = bytes / 4;
   double sink = 0;
-  for (auto _ : state) {
-#pragma omp parallel reduction(+ : sink)
-    {
-      const size_t per = n / size_t(omp_get_num_threads()) / 32 * 32;
-      sink += sum_avx2(buf + per * size_t(omp_get_thread_num()), per);
-    }
-  }
+  for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4);
   benchmark::DoNotOptimize(sink);
   state.counters["GB"] = benchmark::Counter(double(bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
   std::free(buf);
@@ -121,34 +102,10 @@ void BM_MemoryReadBandwidth(benchmark::State& state) {
 BENCHMARK(BM_MemoryReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // FMA peak: independent FMA chains in registers, all threads.
-__attribute__((target("avx2,fma"))) float fma_chains(int64_t iters) {
-  __m256 a[10];
-  for (int i = 0; i < 10; ++i) a[i] = _mm256_set1_ps(float(i));
-  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 10; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
-  }
-  __m256 s = a[0];
-  for (int i = 1; i < 10; ++i) s = _mm256_add_ps(s, a[i]);
-  return _mm256_cvtss_f32(s);
-}
-
 void BM_FmaPeak(benchmark::State& state) {
-  constexpr int64_t kIters = 1 << 22;
-  float sink = 0;
-  int threads = 1;
-  for (auto _ : state) {
-#pragma omp parallel reduction(+ : sink)
-    {
-      sink += fma_chains(kIters);
-#pragma omp single
-      threads = omp_get_num_threads();
-    }
-  }
-  benchmark::DoNotOptimize(sink);
-  // 10 chains x 8 lanes x 2 flops per FMA.
-  state.counters["GFLOP"] = benchmark::Counter(double(kIters) * 10 * 8 * 2 * threads * double(state.iterations()) / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  double flops = 0;
+  for (auto _ : state) flops += fma_peak_pass(1 << 22);
+  state.counters["GFLOP"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -1,4 +1,4 @@
-// tessera: run, serve, eval and list plugins from the command line.
+// tessera: run, serve, bench, eval and list plugins from the command line.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   tessera::cli::add_eval_command(app);
   tessera::cli::add_synth_command(app);
   tessera::cli::add_serve_command(app);
+  tessera::cli::add_bench_command(app);
+  tessera::cli::set_bench_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -237,7 +237,12 @@ bool Engine::step() {
   for (const CacheGrant& g : budget.plan()->grants) {
     // Prefix reuse: KV already present need not be computed (the last token always is, for logits).
     if (Sequence* s = find(g.seq)) {
-      s->computed = std::max(s->computed, std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1));
+      const int64_t reused = std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1);
+      if (reused > s->computed) {
+        s->computed = reused;
+        s->result.cached_tokens = std::max(s->result.cached_tokens,
+                                           std::min<int64_t>(reused, int64_t(s->request.prompt.size())));
+      }
     }
   }
 
@@ -254,7 +259,10 @@ bool Engine::step() {
     }
     Sequence* s = find(w.id);
     if (s == nullptr || w.n_tokens <= 0) continue;
-    const int64_t end = std::min<int64_t>(int64_t(s->tokens.size()), s->computed + w.n_tokens);
+    // A prefix hit moves `computed` past what the scheduler counted on: never compute beyond the
+    // blocks the sequence holds (the rest follows next step).
+    const int64_t held = int64_t(cache.block_table(w.id).size()) * cache.layer(0).block_size;
+    const int64_t end = std::min({int64_t(s->tokens.size()), s->computed + w.n_tokens, held});
     if (end <= s->computed) continue;
     ForwardSeq fs;
     fs.seq = w.id;

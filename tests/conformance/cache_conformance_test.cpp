@@ -2,8 +2,8 @@
 // backend with stories260K's geometry (5 layers, 4 kv heads, head_dim 8, context 512). Checks the
 // transactional contract the engine relies on: plan() is a pure question, commit() gives each
 // sequence distinct in-range blocks covering its tokens, growth keeps the existing table, a request
-// that cannot fit is refused without side effects, release() returns blocks, and one sequence's
-// KV never overwrites another's. Token ids are random per sequence so that a prefix cache finds
+// that cannot fit is refused without side effects, release() returns blocks, truncate() gives back
+// the blocks past the kept tokens, and one sequence's KV never overwrites another's. Token ids are random per sequence so that a prefix cache finds
 // nothing to share and block accounting is exact.
 #include <gtest/gtest.h>
 
@@ -231,6 +231,46 @@ TEST_P(CacheConformance, FillsToCapacityAndReleaseReturnsBlocks) {
   std::vector<CacheRequest> again;
   for (int64_t i = 0; i < n; ++i) again.push_back(request(SeqId(500 + i), kGeometry.max_context, false));
   grow(again);
+}
+
+TEST_P(CacheConformance, TruncateFreesBlocksAndShrinksTheTable) {
+  // Speculative decoding rolls a sequence back to its accepted tokens: the table keeps the blocks
+  // that cover them (in place), the rest go back to the pool, and the sequence grows again from there.
+  for (const bool retain : {false, true}) {
+    SCOPED_TRACE(retain ? "retain" : "no retain");
+    const SeqId seq = retain ? 2 : 1;
+    grow({request(seq, 300, retain)});
+    cache_->mark_computed(seq, 300);
+    const auto full = table(seq);
+    for (int64_t keep : {int64_t(300), int64_t(200), int64_t(150), int64_t(37), int64_t(1)}) {
+      SCOPED_TRACE("truncate to " + std::to_string(keep));
+      cache_->truncate(seq, keep);
+      const auto now = table(seq);
+      EXPECT_EQ(int64_t(now.size()), blocks_for(keep));
+      EXPECT_TRUE(std::equal(now.begin(), now.end(), full.begin())) << "truncation moved a kept block";
+      const CacheStats s = cache_->stats();
+      EXPECT_EQ(s.blocks_used, start_.blocks_used + blocks_for(keep)) << "blocks past the kept tokens were not freed";
+      EXPECT_EQ(s.tokens_stored, keep);
+      EXPECT_EQ(s.sequences, 1);
+    }
+    // Truncating past what is held, or an unknown sequence, changes nothing.
+    cache_->truncate(seq, 400);
+    cache_->truncate(999, 5);
+    EXPECT_EQ(int64_t(table(seq).size()), blocks_for(1));
+    EXPECT_EQ(cache_->stats().tokens_stored, 1);
+    // It grows again from the kept prefix.
+    const auto kept = table(seq);
+    grow({request(seq, 100, retain)});
+    const auto regrown = table(seq);
+    EXPECT_EQ(int64_t(regrown.size()), blocks_for(100));
+    EXPECT_TRUE(std::equal(kept.begin(), kept.end(), regrown.begin()));
+    EXPECT_EQ(std::set<int32_t>(regrown.begin(), regrown.end()).size(), regrown.size());
+    cache_->mark_computed(seq, 100);
+    EXPECT_EQ(cache_->stats().tokens_stored, 100);
+    cache_->release(seq);
+    EXPECT_EQ(cache_->stats().blocks_used, start_.blocks_used);
+    EXPECT_EQ(cache_->stats().sequences, 0);
+  }
 }
 
 TEST_P(CacheConformance, SequencesDoNotOverwriteEachOther) {

@@ -1,0 +1,306 @@
+// The bench driver: load the workload, measure the machine, run each pipeline alone on the same
+// trace (built, run, destroyed, so that its peak memory is its own), then the accuracy pass, then
+// the report files.
+#include "tessera/bench/bench.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+
+#include "tessera/bench/report.h"
+#include "tessera/bench/runner.h"
+#include "tessera/bench/trace.h"
+#include "tessera/bench/workload.h"
+#include "tessera/error.h"
+#include "tessera/eval.h"
+#include "tessera/pipeline.h"
+
+namespace tessera::bench {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::unique_ptr<Pipeline> build(const std::string& file, const BenchOptions& o, const Registry& registry) {
+  PipelineOptions po;
+  po.model = o.model;
+  po.backend = o.backend;
+  po.threads = o.threads;
+  return Pipeline::build(load_pipeline_spec(file), registry, po);
+}
+
+// A progress line on stderr: redrawn in place on a terminal, one line per pipeline otherwise.
+class ProgressBar {
+ public:
+  ProgressBar(std::ostream& log, bool enabled, std::string label)
+      : log_(log), enabled_(enabled), tty_(isatty(2) != 0), label_(std::move(label)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void update(int64_t done, int64_t total) {
+    if (!enabled_ || !tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    constexpr int kWidth = 30;
+    const int filled = total > 0 ? int(kWidth * done / total) : kWidth;
+    std::string bar(size_t(filled), '#');
+    bar.resize(kWidth, '.');
+    log_ << "\r" << label_ << " [" << bar << "] " << done << "/" << total << " requests, " << std::fixed
+         << std::setprecision(1) << elapsed() << " s" << std::flush;
+  }
+  void done(const std::string& summary) {
+    if (!enabled_) return;
+    if (tty_) log_ << "\r\033[K";
+    log_ << label_ << " " << summary << "\n" << std::flush;
+  }
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::ostream& log_;
+  bool enabled_, tty_;
+  std::string label_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+std::string unique_name(const std::string& file, const std::vector<PipelineRun>& runs) {
+  std::string name = fs::path(file).stem().string();
+  int n = 1;
+  std::string candidate = name;
+  for (bool clash = true; clash;) {
+    clash = false;
+    for (const auto& r : runs) clash = clash || r.name == candidate;
+    if (clash) candidate = name + "-" + std::to_string(++n);
+  }
+  return candidate;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the accuracy text");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Perplexity, teacher-forced and greedy agreement of every pipeline against the reference, through
+// the eval path. Each pipeline is rebuilt here, after the timed runs, so that timings and peak
+// memory were taken with one pipeline alive at a time.
+void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const Trace& trace, const Workload& w,
+                   const BenchOptions& o, const Registry& registry, std::ostream& log) {
+  std::string text_path = o.accuracy_text;
+  if (text_path.empty() && w.prompts.from_file) text_path = w.prompts.path;
+  std::unique_ptr<Pipeline> base;
+  try {
+    base = build(ref.file, o, registry);
+  } catch (const Error& e) {
+    for (auto& r : runs) r.accuracy["error"] = std::string("cannot rebuild the reference: ") + e.what();
+    return;
+  }
+  const Tokenizer& tok = base->tokenizer();
+  std::vector<int32_t> text;
+  if (!text_path.empty()) {
+    text = tok.encode(read_text(text_path), true);
+    const size_t keep = size_t(o.accuracy_ctx * o.accuracy_chunks);
+    if (text.size() > keep) text.resize(keep);
+  }
+  // Greedy agreement on the first trace prompts, cut so that prompt and output fit the context.
+  std::vector<std::vector<int32_t>> prompts;
+  const int64_t context = base->model().config().context_length;
+  const int64_t tokens = std::min<int64_t>(o.accuracy_tokens, context / 2);
+  for (const auto& r : trace.requests) {
+    if (int64_t(prompts.size()) >= o.accuracy_prompts) break;
+    std::vector<int32_t> p = r.prompt;
+    p.resize(std::min<size_t>(p.size(), size_t(std::min<int64_t>(64, context - tokens - 1))));
+    prompts.push_back(std::move(p));
+  }
+  PerplexityResult base_ppl;
+  const bool have_text = int64_t(text.size()) >= o.accuracy_ctx;
+  std::string text_note = text_path.empty() ? "n/a: no text (give --accuracy-text or a workload prompt file)"
+                                            : "n/a: " + text_path + " is shorter than one chunk of " +
+                                                  std::to_string(o.accuracy_ctx) + " tokens";
+  if (have_text) base_ppl = perplexity(*base, text, o.accuracy_ctx);
+  for (auto& r : runs) {
+    if (!r.ok()) continue;
+    json& a = r.accuracy;
+    a["text"] = text_path.empty() ? json(nullptr) : json(text_path);
+    a["ctx"] = o.accuracy_ctx;
+    a["scored_tokens"] = have_text ? json(base_ppl.scored_tokens) : json(nullptr);
+    a["greedy_prompts"] = prompts.size();
+    a["greedy_tokens_per_prompt"] = tokens;
+    if (!have_text) a["perplexity_note"] = text_note;
+    if (&r == &ref) {
+      a["perplexity"] = have_text ? json(base_ppl.perplexity) : json(nullptr);
+      a["perplexity_delta"] = have_text ? json(0.0) : json(nullptr);
+      a["perplexity_delta_percent"] = have_text ? json(0.0) : json(nullptr);
+      a["teacher_forced_agreement"] = have_text ? json(1.0) : json(nullptr);
+      a["greedy_agreement"] = 1.0;
+      continue;
+    }
+    try {
+      auto p = build(r.file, o, registry);
+      if (p->tokenizer().vocab_size() != tok.vocab_size()) {
+        throw Error("its vocabulary (" + std::to_string(p->tokenizer().vocab_size()) + ") differs from " + ref.name +
+                    "'s (" + std::to_string(tok.vocab_size()) + "): not comparable");
+      }
+      if (have_text) {
+        const PerplexityResult pr = perplexity(*p, text, o.accuracy_ctx);
+        a["perplexity"] = pr.perplexity;
+        a["perplexity_delta"] = pr.perplexity - base_ppl.perplexity;
+        a["perplexity_delta_percent"] = 100.0 * (pr.perplexity - base_ppl.perplexity) / base_ppl.perplexity;
+        a["teacher_forced_agreement"] = teacher_forced_agreement(pr, base_ppl);
+      } else {
+        a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] = nullptr;
+      }
+      a["greedy_agreement"] = greedy_agreement(*p, *base, prompts, tokens).share;
+    } catch (const std::exception& e) {
+      a["error"] = e.what();
+      log << "warning: accuracy of " << r.name << ": " << e.what() << "\n";
+    }
+  }
+}
+
+// Copies what the report needs from a built pipeline.
+void describe(PipelineRun& r, Pipeline& p) {
+  r.describe = p.describe();
+  r.backend = std::string(p.backend().name());
+  r.model_path = p.model_path();
+  r.weight_formats = p.model().weight_formats();
+  r.model = p.model().config();
+  r.weight_bytes = p.model().weight_bytes();
+  r.greedy = p.decoder().default_params().temperature == 0;
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << v;
+  return s.str();
+}
+
+}  // namespace
+
+BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ostream& log) {
+  if (o.pipelines.empty()) throw Error("no pipelines given (--pipelines A.yaml B.yaml ...)");
+  const Workload workload = load_workload(o.workload);
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec || !fs::is_directory(o.out_dir)) throw Error(o.out_dir + ": cannot create the output folder: " + ec.message());
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+
+  if (o.progress) log << "measuring the machine (read bandwidth, FMA peak)...\n";
+  json conditions = machine_conditions(o.probe_seconds);
+  conditions["threads"] = o.threads > 0 ? o.threads : omp_get_max_threads();
+  conditions["command"] = o.command;
+
+  std::vector<PipelineRun> runs;
+  Trace trace;
+  bool have_trace = false;
+  int32_t trace_vocab = 0;
+  const int n = int(o.pipelines.size());
+  for (int i = 0; i < n; ++i) {
+    PipelineRun r;
+    r.file = o.pipelines[size_t(i)];
+    r.name = unique_name(r.file, runs);
+    ProgressBar bar(log, o.progress, "[" + std::to_string(i + 1) + "/" + std::to_string(n) + " " + r.name + "]");
+    r.peak_rss_per_pipeline = reset_peak_rss();
+    std::unique_ptr<Pipeline> p;
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      p = build(r.file, o, registry);
+      r.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      describe(r, *p);
+      if (have_trace && r.model.context_length < trace.context) {
+        throw Error("its model's context (" + std::to_string(r.model.context_length) +
+                    ") is shorter than the trace's (" + std::to_string(trace.context) + "): not comparable");
+      }
+      if (have_trace && p->tokenizer().vocab_size() != trace_vocab) {
+        throw Error("its vocabulary (" + std::to_string(p->tokenizer().vocab_size()) +
+                    " tokens) differs from the one the trace was made with (" + std::to_string(trace_vocab) +
+                    "): the trace's token ids would mean other text");
+      }
+    } catch (const Error& e) {
+      r.error = e.what();
+      r.failed_stage = "load";
+    }
+    if (r.error.empty() && !have_trace) {
+      // The trace is drawn once, with the first pipeline's tokenizer and context. A workload that
+      // cannot fit the model is an error of the whole bench (it throws), not of this pipeline.
+      for (const auto& msg :
+           check_context(workload, r.model.context_length, "model '" + r.model.name + "' (" + r.model_path + ")")) {
+        log << "warning: clamping: " << msg << "\n";
+      }
+      trace = make_trace(workload, p->tokenizer(), r.model.context_length);
+      trace_vocab = p->tokenizer().vocab_size();
+      have_trace = true;
+    }
+    if (r.error.empty()) {
+      try {
+        r.run = run_trace(*p, trace, workload, [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+        r.peak_rss = peak_rss_bytes();
+      } catch (const std::exception& e) {
+        r.error = e.what();
+        r.failed_stage = "run";
+      }
+    }
+    p.reset();
+    if (r.error.empty()) {
+      int64_t out_tokens = 0;
+      for (const auto& res : r.run.results) out_tokens += int64_t(res.tokens.size());
+      bar.done(std::to_string(trace.requests.size()) + " requests in " + fixed(r.run.seconds(), 2) + " s, " +
+               fixed(double(out_tokens) / std::max(r.run.seconds(), 1e-9), 0) + " output tok/s");
+    } else {
+      bar.done("FAILED (" + r.failed_stage + "): " + r.error);
+    }
+    runs.push_back(std::move(r));
+  }
+
+  const PipelineRun* ref = nullptr;
+  for (const auto& r : runs) {
+    if (r.ok() && ref == nullptr) ref = &r;
+  }
+  if (ref != nullptr) {
+    conditions["backend"] = ref->backend;
+    conditions["model"] = {{"path", ref->model_path},
+                           {"name", ref->model.name},
+                           {"weights", ref->weight_formats},
+                           {"context", ref->model.context_length}};
+    json lengths = json::array();
+    for (const auto& c : workload.classes) {
+      lengths.push_back({{"class", c.name}, {"prompt", c.prompt.describe()}, {"output", c.output.describe()}});
+    }
+    conditions["lengths"] = lengths;
+    conditions["load"] = workload.arrival.describe();
+    if (o.accuracy) {
+      if (o.progress) log << "accuracy against " << ref->name << " (perplexity, greedy agreement)...\n";
+      accuracy_pass(runs, *ref, trace, workload, o, registry, log);
+    }
+  }
+
+  BenchOutcome out;
+  out.report = have_trace ? make_report(runs, trace, workload, conditions)
+                          : make_report(runs, Trace{}, workload, conditions);
+  for (const auto& r : runs) (r.ok() ? out.ran : out.failed)++;
+  const fs::path dir = o.out_dir;
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"report.json", out.report.dump(2, ' ', false, json::error_handler_t::replace) + "\n"},
+      {"report.md", render_markdown(out.report)},
+      {"report.html", render_html(out.report)}};
+  for (const auto& [name, content] : files) {
+    const std::string path = (dir / name).string();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << content;
+    if (!f) throw Error(path + ": cannot write the report");
+    out.files.push_back(path);
+  }
+  return out;
+}
+
+}  // namespace tessera::bench

@@ -1,0 +1,38 @@
+// This machine's limits, measured: read bandwidth from memory and the peak rate of fused
+// multiply-adds, both over all threads. Benchmarks print them next to their figures so that a
+// GB/s or GFLOP/s can be read as a share of what the hardware allows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct ProbeResult {
+  double value = 0;     // GB/s (bandwidth) or GFLOP/s (FMA)
+  double seconds = 0;   // time spent measuring
+  int threads = 0;      // OpenMP threads used
+  std::string method;   // e.g. "avx2 loads over 256 MiB, best of 3"
+};
+
+// Sums a buffer of `bytes` (far larger than the caches) with all threads, repeatedly for about
+// `seconds`, and reports the best pass. Uses AVX2 when the CPU has it, plain loads otherwise.
+ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(256) << 20);
+
+// Runs independent FMA chains in registers on all threads for about `seconds` (8-wide AVX2 FMA
+// when present, scalar fma otherwise) and reports the best pass in GFLOP/s (an FMA counts 2).
+ProbeResult measure_fma_peak(double seconds = 0.25);
+
+// One pass of each kernel, for callers (Google Benchmark) that do their own timing:
+// read_pass sums `n` floats with all threads; fma_pass runs `iters` chain steps per thread and
+// returns the floating-point operations it did.
+double read_bandwidth_pass(const float* data, size_t n);
+double fma_peak_pass(int64_t iters, int* threads_out = nullptr);
+
+// The CPU as /proc/cpuinfo names it ("AMD EPYC 7B13"), or "unknown".
+std::string cpu_model_name();
+// Physical memory (MemTotal), 0 when unknown.
+size_t total_memory_bytes();
+
+}  // namespace tessera

@@ -1,0 +1,184 @@
+#include "prefix_store.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "tessera/error.h"
+
+namespace tessera::prefix {
+
+uint64_t PrefixStore::chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) {
+  // FNV-1a over the parent hash and the token ids, then a splitmix64 finaliser to spread the bits.
+  uint64_t h = 0xcbf29ce484222325ull ^ parent;
+  for (int32_t t : block_tokens) {
+    h ^= uint32_t(t);
+    h *= 0x100000001b3ull;
+  }
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+PrefixStore::PrefixStore(int64_t num_blocks, int64_t block_size, int64_t floor_blocks, int64_t cap_blocks)
+    : pool_(num_blocks),
+      block_size_(block_size),
+      floor_blocks_(floor_blocks),
+      cap_blocks_(cap_blocks),
+      info_(size_t(num_blocks)),
+      tokens_(size_t(num_blocks * block_size)) {
+  free_uncached_.reserve(size_t(num_blocks));
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_uncached_.push_back(int32_t(b));
+}
+
+UserState& PrefixStore::user(const std::string& name) {
+  auto [it, added] = users_.try_emplace(name);
+  if (added) it->second.name = name;
+  return it->second;
+}
+
+const UserState* PrefixStore::find_user(const std::string& name) const {
+  auto it = users_.find(name);
+  return it == users_.end() ? nullptr : &it->second;
+}
+
+uint32_t PrefixStore::namespace_id(const std::string& key) {
+  auto [it, added] = namespaces_.try_emplace(key, uint32_t(namespaces_.size()));
+  return it->second;
+}
+
+std::optional<uint32_t> PrefixStore::find_namespace(const std::string& key) const {
+  auto it = namespaces_.find(key);
+  if (it == namespaces_.end()) return std::nullopt;
+  return it->second;
+}
+
+Match PrefixStore::match(std::span<const int32_t> tokens, int64_t max_blocks,
+                         std::span<const uint32_t> namespaces) const {
+  Match m;
+  max_blocks = std::min<int64_t>(max_blocks, int64_t(tokens.size()) / block_size_);
+  uint64_t parent = kRootHash;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const auto block_tokens = tokens.subspan(size_t(i * block_size_), size_t(block_size_));
+    const uint64_t h = chain_hash(parent, block_tokens);
+    int32_t found = -1;
+    for (uint32_t ns : namespaces) {
+      auto it = index_.find(Key{h, ns});
+      if (it == index_.end()) continue;
+      const BlockInfo& info = info_[size_t(it->second)];
+      const int32_t* stored = tokens_.data() + size_t(it->second) * size_t(block_size_);
+      if (info.parent == parent && std::equal(block_tokens.begin(), block_tokens.end(), stored)) {
+        found = it->second;
+        break;
+      }
+    }
+    if (found < 0) break;
+    m.blocks.push_back(found);
+    m.hashes.push_back(h);
+    parent = h;
+  }
+  return m;
+}
+
+void PrefixStore::acquire(int32_t block) {
+  if (pool_.ref_count(block) > 0) {
+    pool_.retain(block);
+    return;
+  }
+  BlockInfo& info = info_.at(size_t(block));
+  if (!info.cached) throw Error("cache prefix_lru: acquire of block " + std::to_string(block) + ", which is free and not cached");
+  info.owner->evictable.erase({info.tick, block});
+  pool_.take(block);
+}
+
+std::vector<int32_t> PrefixStore::allocate(int64_t n) {
+  if (n > pool_.num_free()) {
+    throw Error("cache prefix_lru: cannot allocate " + std::to_string(n) + " blocks: only " +
+                std::to_string(pool_.num_free()) + " of " + std::to_string(pool_.num_blocks()) + " are free");
+  }
+  std::vector<int32_t> out;
+  out.reserve(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t i = 0; i < n; ++i) {
+    if (free_uncached_.empty()) evict(pick_victim());
+    const int32_t b = free_uncached_.back();
+    free_uncached_.pop_back();
+    pool_.take(b);
+    out.push_back(b);
+  }
+  return out;
+}
+
+void PrefixStore::release(int32_t block) {
+  if (!pool_.release(block)) return;
+  BlockInfo& info = info_[size_t(block)];
+  if (info.cached) {
+    info.tick = ++clock_;
+    info.owner->evictable.insert({info.tick, block});
+  } else {
+    free_uncached_.push_back(block);
+  }
+}
+
+PrefixStore::Insert PrefixStore::insert(int32_t block, uint64_t parent, std::span<const int32_t> block_tokens,
+                                        uint32_t ns, UserState& owner) {
+  BlockInfo& info = info_.at(size_t(block));
+  if (info.cached || pool_.ref_count(block) == 0 || int64_t(block_tokens.size()) != block_size_) {
+    throw Error("cache prefix_lru: insert of block " + std::to_string(block) + ", which is cached, free or not full");
+  }
+  const uint64_t h = chain_hash(parent, block_tokens);
+  if (index_.count(Key{h, ns}) != 0) return Insert::duplicate;
+  if (owner.stats.cached_blocks >= cap_blocks_) {
+    if (owner.evictable.empty()) return Insert::over_quota;
+    evict(owner.evictable.begin()->second);  // its own least recently used block makes room
+  }
+  info.cached = true;
+  info.ns = ns;
+  info.hash = h;
+  info.parent = parent;
+  info.owner = &owner;
+  std::copy(block_tokens.begin(), block_tokens.end(), tokens_.begin() + size_t(block) * size_t(block_size_));
+  index_.emplace(Key{h, ns}, block);
+  ++owner.stats.cached_blocks;
+  return Insert::inserted;
+}
+
+void PrefixStore::uncache(int32_t block) {
+  BlockInfo& info = info_.at(size_t(block));
+  if (!info.cached) return;
+  index_.erase(Key{info.hash, info.ns});
+  --info.owner->stats.cached_blocks;
+  info.cached = false;
+  if (pool_.ref_count(block) == 0) {
+    info.owner->evictable.erase({info.tick, block});
+    free_uncached_.push_back(block);
+  }
+  info.owner = nullptr;
+}
+
+void PrefixStore::evict(int32_t block) {
+  UserState* owner = info_.at(size_t(block)).owner;
+  uncache(block);
+  ++owner->stats.evictions;
+  ++evictions_;
+}
+
+int32_t PrefixStore::pick_victim() const {
+  // Users above their floor (min_share) first, then — only when nothing else is left — blocks under
+  // a floor; the least recently released block within.
+  std::pair<int, uint64_t> best{std::numeric_limits<int>::max(), 0};
+  int32_t victim = -1;
+  for (const auto& [name, u] : users_) {
+    if (u.evictable.empty()) continue;
+    const std::pair<int, uint64_t> key{u.stats.cached_blocks > floor_blocks_ ? 0 : 1, u.evictable.begin()->first};
+    if (key < best) {
+      best = key;
+      victim = u.evictable.begin()->second;
+    }
+  }
+  if (victim < 0) throw Error("cache prefix_lru: no block to evict (free-block accounting is broken)");
+  return victim;
+}
+
+}  // namespace tessera::prefix
