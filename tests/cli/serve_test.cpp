@@ -194,6 +194,36 @@ TEST_F(Serve, ModelsHealthAndMetrics) {
   EXPECT_GT(*test::metric(p, "tessera_kv_blocks_free"), 0);
 }
 
+TEST(ServePrefixCache, UserDrivesIsolationAndThePerUserMetrics) {
+  test::TempDir dir;
+  const std::string pipeline = dir.write(
+      "prefix.yaml", "extends: " + std::string(TESSERA_SOURCE_DIR) + "/pipelines/prefix.yaml\nmodel: " +
+                         test::kStoriesF32 + "\nbackend: cpu\ncomponents:\n  cache: { plugin: prefix_lru, isolation: user }\n");
+  ServerProcess server({"-p", pipeline});
+  auto c = server.client();
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+      "friends. One day, she saw a big red ball under a tree.";
+  auto ask = [&](const std::string& user) {
+    return post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 16}, {"user", user}});
+  };
+  const json first = ask("alice");
+  const json again = ask("alice");
+  const json other = ask("bob");
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 16) << again.dump();
+  EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);  // alice's blocks are hers
+  EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);    // reuse changes no token
+  EXPECT_EQ(other["choices"][0]["text"], first["choices"][0]["text"]);
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_GT(test::metric(page->body, R"(tessera_user_prefix_cache_hit_rate{user="alice"})").value_or(0), 0) << page->body;
+  EXPECT_EQ(test::metric(page->body, R"(tessera_user_prefix_cache_hit_rate{user="bob"})").value_or(-1), 0) << page->body;
+  EXPECT_EQ(test::metric(page->body, R"(tessera_user_prompt_cached_tokens_total{user="alice"})"),
+            again["usage"]["prompt_tokens_details"]["cached_tokens"].get<double>());
+  EXPECT_GT(test::metric(page->body, "tessera_prefix_cache_hit_rate").value_or(0), 0);
+}
+
 // --- Bad requests: each gets its status and an OpenAI-style error naming the field. ---
 
 struct BadRequest {
