@@ -236,6 +236,8 @@ struct BadRequest {
   std::string code;
 };
 
+void PrintTo(const BadRequest& b, std::ostream* os) { *os << b.name; }
+
 std::string long_prompt() {
   std::string s;
   for (int i = 0; i < 300; ++i) s += "the cat sat ";
