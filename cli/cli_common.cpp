@@ -39,7 +39,10 @@ std::string resolve_pipeline_path(const std::string& given) {
 }
 
 std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args) {
-  const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline));
+  return build_pipeline(registry, load_pipeline_spec(resolve_pipeline_path(args.pipeline)), args);
+}
+
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args) {
   PipelineOptions options;
   options.model = args.model;
   options.backend = args.backend;

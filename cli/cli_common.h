@@ -22,5 +22,7 @@ void load_plugins(Registry& registry, bool quiet = false);
 // the source tree.
 std::string resolve_pipeline_path(const std::string& given);
 std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args);
+// The same from a spec already loaded (-p is then ignored).
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args);
 
 }  // namespace tessera::cli

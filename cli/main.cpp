@@ -1,4 +1,4 @@
-// tessera: run, eval, bench and list plugins from the command line.
+// tessera: run, serve, bench, eval and list plugins from the command line.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_plugins_command(app);
   tessera::cli::add_eval_command(app);
   tessera::cli::add_synth_command(app);
+  tessera::cli::add_serve_command(app);
   tessera::cli::add_bench_command(app);
   tessera::cli::set_bench_command_line(argc, argv);
   try {

@@ -71,6 +71,35 @@ nlohmann::json to_json(const YAML::Node& node) {
   return nullptr;
 }
 
+// Reads the `server:` map into spec.server, one key at a time so that each error names its line.
+void load_server_section(const std::string& path, const YAML::Node& value, PipelineSpec& spec) {
+  if (!value.IsMap()) throw Error(at(path, value) + ": 'server' must be a map (host, port, api_key_file, ...)");
+  for (const auto& kv : value) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string where = at(path, kv.first);
+    const Params p = validate_params(server_params(), nlohmann::json{{key, to_json(kv.second)}}, where + ": server");
+    nlohmann::json v = p.get(key);
+    check_server_value(key, v, where);
+    if (key == "api_key_file") {
+      // Relative to the working directory, else to the pipeline's folder.
+      fs::path file = v.get<std::string>();
+      const fs::path beside = fs::path(path).parent_path() / file;
+      if (file.is_relative() && !fs::exists(file) && fs::exists(beside)) v = beside.string();
+    }
+    // A key given here replaces its alternative from an extended file.
+    const char* other = key == "api_key" ? "api_key_file" : key == "api_key_file" ? "api_key" : nullptr;
+    if (other != nullptr && value[other]) {
+      throw Error(where + ": server: give api_key or api_key_file, not both");
+    }
+    if (other != nullptr) {
+      spec.server.erase(other);
+      spec.server_where.erase(other);
+    }
+    spec.server[key] = v;
+    spec.server_where[key] = where;
+  }
+}
+
 void merge_component(ComponentSpec& base, ComponentSpec over) {
   if (over.plugin != base.plugin) {
     base = std::move(over);  // another plugin: the base's parameters mean nothing to it
@@ -172,9 +201,11 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
         }
         merge_component(spec.components[kind], std::move(comp));
       }
+    } else if (key == "server") {
+      load_server_section(path, value, spec);
     } else {
       throw Error(at(path, kv.first) + ": unknown key '" + key +
-                  "' (a pipeline has model, backend, extends, components)");
+                  "' (a pipeline has model, backend, extends, components, server)");
     }
   }
   chain.erase(canon);
@@ -182,6 +213,50 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
 }
 
 }  // namespace
+
+const std::vector<ParamSpec>& server_params() {
+  static const std::vector<ParamSpec> specs = {
+      {"host", ParamType::string, "127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)", {}},
+      {"port", ParamType::integer, 8080, "TCP port (0 = any free port; the bound port is printed)", {}},
+      {"api_key", ParamType::string, "", "clients must send 'Authorization: Bearer KEY' (empty = no key)", {}},
+      {"api_key_file", ParamType::string, "", "file holding the API key (first line)", {}},
+      {"max_queue", ParamType::integer, 256, "requests in the server at once (running + waiting); more get 429", {}},
+      {"max_body_bytes", ParamType::size, "1MiB", "largest request body; larger ones get 413", {}},
+      {"shutdown_deadline", ParamType::number, 10.0,
+       "seconds SIGTERM waits for in-flight requests before cancelling them", {}},
+      {"http_threads", ParamType::integer, 64, "connections served at once (a streaming one holds a thread)", {}},
+      {"model_name", ParamType::string, "", "model id in /v1/models and responses (default: the file's stem)", {}},
+      {"chat_template", ParamType::string, "auto",
+       "auto (from the GGUF's tokenizer.chat_template), chatml, llama2, llama3, zephyr or default",
+       {"auto", "chatml", "llama2", "llama3", "zephyr", "default"}},
+      {"default_max_tokens", ParamType::integer, 256, "max_tokens when a request gives none", {}},
+  };
+  return specs;
+}
+
+void check_server_value(const std::string& key, const nlohmann::json& value, const std::string& where) {
+  struct Range {
+    const char* key;
+    double lo, hi;
+  };
+  static const Range ranges[] = {{"port", 0, 65535},
+                                 {"max_queue", 1, 1e9},
+                                 {"max_body_bytes", 1024, 1e12},
+                                 {"shutdown_deadline", 0, 86400},
+                                 {"http_threads", 1, 4096},
+                                 {"default_max_tokens", 1, 1e9}};
+  for (const Range& r : ranges) {
+    if (key != r.key || !value.is_number()) continue;
+    const double v = value.get<double>();
+    if (v < r.lo || v > r.hi) {
+      throw Error(where + ": server: '" + key + "' is " + value.dump() + "; expected " +
+                  std::to_string(int64_t(r.lo)) + ".." + std::to_string(int64_t(r.hi)));
+    }
+  }
+  if (key == "host" && value.is_string() && value.get<std::string>().empty()) {
+    throw Error(where + ": server: 'host' is empty");
+  }
+}
 
 PipelineSpec default_pipeline_spec() {
   PipelineSpec spec;

@@ -9,14 +9,18 @@
 //     cache:     { plugin: contiguous, max_seqs: 8 }
 //     scheduler: { plugin: fcfs }
 //     decoder:   { plugin: sampling, temperature: 0 }
+//   server:                            # optional: settings of `tessera serve` (see server_params())
+//     port: 8080
 #pragma once
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "tessera/component.h"
+#include "tessera/params.h"
 
 namespace tessera {
 
@@ -37,7 +41,17 @@ struct PipelineSpec {
   nlohmann::json backend_params = nlohmann::json::object();
   std::string backend_where;
   std::map<ComponentKind, ComponentSpec> components;  // every kind present after loading
+  // The `server:` section: only the keys the file gives, checked against server_params() (types and
+  // ranges) when loaded; `extends` merges it key by key.
+  nlohmann::json server = nlohmann::json::object();
+  std::map<std::string, std::string> server_where;  // "file:line" of each key
 };
+
+// The keys of the `server:` section, with their types, defaults and docs.
+const std::vector<ParamSpec>& server_params();
+// Checks one server setting's range (port 0..65535, counts >= 1 ...); throws Error naming `where`,
+// the key and the value. Used for the file and for command-line overrides alike.
+void check_server_value(const std::string& key, const nlohmann::json& value, const std::string& where);
 
 // Built-in defaults for kinds a file leaves out.
 std::string default_plugin(ComponentKind kind);

@@ -1,0 +1,147 @@
+// tessera serve: the OpenAI-compatible HTTP server. Settings come from the pipeline's `server:`
+// section; command-line flags override them. SIGTERM or SIGINT stop it gracefully (exit 0); a second
+// signal cancels what is still running at once.
+#include <pthread.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include "commands.h"
+#include "serve/http_server.h"
+#include "tessera/error.h"
+#include "tessera/gguf.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct ServeArgs {
+  PipelineArgs pipeline;
+  std::optional<std::string> host;
+  std::optional<int64_t> port;
+  std::optional<std::string> api_key;
+  std::optional<std::string> api_key_file;
+};
+
+std::string read_api_key(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot read the API key file");
+  std::string key;
+  std::getline(in, key);
+  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+  if (key.empty()) throw Error(file + ": the API key file's first line is empty");
+  return key;
+}
+
+// The pipeline's server section with defaults, then the flags.
+serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& args) {
+  const std::string where = (spec.path.empty() ? std::string("(defaults)") : spec.path) + ": server";
+  const Params p = validate_params(server_params(), spec.server, where);
+  serve::ServerConfig c;
+  c.host = p.get_string("host");
+  c.port = int(p.get_int("port"));
+  c.max_queue = p.get_int("max_queue");
+  c.max_body_bytes = p.get_int("max_body_bytes");
+  c.shutdown_deadline = p.get_float("shutdown_deadline");
+  c.http_threads = p.get_int("http_threads");
+  c.model_name = p.get_string("model_name");
+  c.default_max_tokens = p.get_int("default_max_tokens");
+  c.chat_template = p.get_string("chat_template");
+  std::string key = p.get_string("api_key");
+  std::string key_file = p.get_string("api_key_file");
+  if (args.host) {
+    check_server_value("host", *args.host, "--host");
+    c.host = *args.host;
+  }
+  if (args.port) {
+    check_server_value("port", *args.port, "--port");
+    c.port = int(*args.port);
+  }
+  // A flag replaces the file's key, whichever form either takes.
+  if (args.api_key || args.api_key_file) {
+    key = args.api_key.value_or("");
+    key_file = args.api_key_file.value_or("");
+  }
+  if (!key_file.empty()) key = read_api_key(key_file);
+  c.api_key = key;
+  return c;
+}
+
+std::string chat_template_text(const std::string& model_path) {
+  const auto file = GgufFile::open(model_path);
+  const GgufValue* v = file->find("tokenizer.chat_template");
+  if (v == nullptr) return "";
+  return file->get_string("tokenizer.chat_template");
+}
+
+void serve_command(const ServeArgs& args) {
+  // Signals are taken by one thread with sigwait; every thread started from here inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a dead server
+
+  Registry registry;
+  load_plugins(registry);
+  const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
+  serve::ServerConfig config = server_config(spec, args);
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(registry, spec, args.pipeline);
+  if (config.model_name.empty()) config.model_name = std::filesystem::path(pipeline->model_path()).stem().string();
+
+  std::string note;
+  const serve::ChatTemplate chat =
+      serve::ChatTemplate::choose(config.chat_template, chat_template_text(pipeline->model_path()), &note);
+  if (!note.empty()) std::cerr << note << "\n";
+
+  serve::ServingEngine engine(*pipeline);
+  serve::HttpServer server(*pipeline, engine, chat, config);
+  const int port = server.bind();
+  std::cerr << "tessera serve: " << pipeline->describe() << ", model '" << config.model_name << "'"
+            << (config.api_key.empty() ? "" : ", API key required") << "\n";
+  std::cout << "listening on http://" << config.host << ":" << port << std::endl;
+
+  std::atomic<bool> exiting{false};
+  std::thread shutdown_thread;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (exiting) return;
+    std::cerr << "tessera serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", finishing in-flight requests (up to "
+              << config.shutdown_deadline << " s)\n";
+    shutdown_thread = std::thread([&] { server.shutdown(); });
+    sigwait(&signals, &sig);
+    if (exiting) return;
+    std::cerr << "tessera serve: second signal, cancelling in-flight requests\n";
+    engine.cancel_all();
+  });
+
+  server.run();
+  exiting = true;
+  pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes its sigwait, whichever it is in
+  signal_thread.join();
+  if (shutdown_thread.joinable()) shutdown_thread.join();
+  engine.stop();
+  std::cerr << "tessera serve: stopped\n";
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, SSE, metrics)");
+  add_pipeline_options(*cmd, args->pipeline);
+  cmd->add_option("--host", args->host, "address to bind (default 127.0.0.1, or the pipeline's server.host)");
+  cmd->add_option("--port", args->port, "TCP port (default 8080; 0 = any free port, printed at start)");
+  auto* key = cmd->add_option("--api-key", args->api_key, "require 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key-file", args->api_key_file, "read the API key from the first line of this file")
+      ->excludes(key);
+  cmd->callback([args] { serve_command(*args); });
+}
+
+}  // namespace tessera::cli

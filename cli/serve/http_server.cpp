@@ -1,0 +1,440 @@
+#include "http_server.h"
+
+#include <httplib.h>
+
+#include <sys/socket.h>
+
+#include <ctime>
+#include <iostream>
+#include <random>
+
+#include "api_error.h"
+#include "openai_response.h"
+#include "tessera/error.h"
+
+namespace tessera::serve {
+
+using nlohmann::json;
+
+namespace {
+
+const char* const kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  if (e.status() == 429) res.set_header("Retry-After", "1");
+  if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
+  send_json(res, e.status(), e.body());
+}
+
+// Compares in time that does not depend on where the strings differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string route_label(const std::string& path) {
+  for (const char* r : kRoutes) {
+    if (path == r) return r;
+  }
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "unmatched";  // unknown paths share one label: clients cannot grow the metrics page
+}
+
+}  // namespace
+
+// One streaming response: the state its content provider keeps between calls.
+struct HttpServer::Stream {
+  std::shared_ptr<RequestHandle> handle;
+  OpenAiRequest request;
+  ResponseMeta meta;
+  std::string pending;  // text not yet sent (an unfinished UTF-8 sequence)
+  bool role_sent = false;
+  bool finished = false;  // the last chunk and [DONE] went out
+};
+
+HttpServer::HttpServer(Pipeline& pipeline, ServingEngine& engine, ChatTemplate chat, ServerConfig config)
+    : pipeline_(pipeline), engine_(engine), chat_(chat), config_(std::move(config)),
+      svr_(std::make_unique<httplib::Server>()), started_(int64_t(std::time(nullptr))) {
+  routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  // httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once overflows it and
+  // the kernel resets the surplus connections. Linux lets listen() be called again to enlarge it.
+  int listen_fd = -1;
+  svr_->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
+  int port = config_.port;
+  if (config_.port == 0) {
+    port = svr_->bind_to_any_port(config_.host);
+    if (port <= 0) throw Error("cannot bind to " + config_.host + " on any port");
+  } else if (!svr_->bind_to_port(config_.host, config_.port)) {
+    throw Error("cannot bind to " + config_.host + ":" + std::to_string(config_.port) +
+                " (in use, or not an address of this machine)");
+  }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
+  return port;
+}
+
+void HttpServer::run() { svr_->listen_after_bind(); }
+
+void HttpServer::shutdown() {
+  if (draining_.exchange(true)) return;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(config_.shutdown_deadline));
+  std::unique_lock lock(drain_mutex_);
+  if (!drain_cv_.wait_until(lock, deadline, [&] { return in_flight_ == 0; })) {
+    std::cerr << "shutdown: deadline passed with " << in_flight_ << " request(s) in flight; cancelling them\n";
+    engine_.cancel_all();
+    // Cancelled requests answer at once (503, or an error event on a stream); a stream whose client
+    // stopped reading ends at the write timeout.
+    drain_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return in_flight_ == 0; });
+  }
+  lock.unlock();
+  svr_->stop();
+}
+
+bool HttpServer::try_admit() {
+  int64_t n = in_flight_.load();
+  while (n < config_.max_queue) {
+    if (in_flight_.compare_exchange_weak(n, n + 1)) return true;
+  }
+  return false;
+}
+
+void HttpServer::leave() {
+  {
+    std::lock_guard lock(drain_mutex_);
+    --in_flight_;
+  }
+  drain_cv_.notify_all();
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *svr_;
+  s.new_task_queue = [n = config_.http_threads] { return new httplib::ThreadPool(size_t(n)); };
+  s.set_payload_max_length(size_t(config_.max_body_bytes));
+  s.set_keep_alive_max_count(1000);
+  s.set_keep_alive_timeout(2);  // idle connections must not hold up a shutdown for long
+  s.set_read_timeout(30);
+  s.set_write_timeout(10);
+  s.set_tcp_nodelay(true);
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), config_.api_key)) {
+      send_error(res, ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'", "",
+                               "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(Endpoint::completions, req, res);
+  });
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(Endpoint::chat, req, res);
+  });
+
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
+                        {"owned_by", "tessera"}, {"max_model_len", pipeline_.model().config().context_length}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != config_.model_name) {
+      send_error(res, ApiError(404, "model '" + id + "' does not exist; this server serves '" + config_.model_name + "'",
+                               "model", "model_not_found"));
+      return;
+    }
+    send_json(res, 200, {{"id", id}, {"object", "model"}, {"created", started_}, {"owned_by", "tessera"},
+                         {"max_model_len", pipeline_.model().config().context_length}});
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string failure = engine_.failure();
+    if (!failure.empty()) {
+      send_json(res, 503, {{"status", "failed"}, {"error", failure}});
+    } else if (draining_) {
+      send_json(res, 503, {{"status", "shutting_down"}});
+    } else {
+      send_json(res, 200, {{"status", "ok"}, {"model", config_.model_name}});
+    }
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics_.render(engine_.snapshot(), in_flight_), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  // Known routes with the wrong method: 405 naming the allowed one.
+  auto not_allowed = [](const char* allow) {
+    return [allow](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      send_error(res, ApiError(405, req.method + " is not allowed on " + req.path + "; use " + allow, "",
+                               "method_not_allowed"));
+    };
+  };
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    s.Get(path, not_allowed("POST"));
+    s.Put(path, not_allowed("POST"));
+    s.Delete(path, not_allowed("POST"));
+    s.Patch(path, not_allowed("POST"));
+  }
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+    s.Post(path, httplib::Server::Handler(not_allowed("GET")));
+    s.Put(path, httplib::Server::Handler(not_allowed("GET")));
+    s.Delete(path, httplib::Server::Handler(not_allowed("GET")));
+    s.Patch(path, httplib::Server::Handler(not_allowed("GET")));
+  }
+
+  // httplib's own refusals (no route, body too large, malformed HTTP) get the same JSON errors.
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                   httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      send_error(res, ApiError(404, "no route for " + req.method + " " + req.path, "", "not_found"));
+    } else if (res.status == 413) {
+      send_error(res, ApiError(413, "the request body is larger than " + std::to_string(config_.max_body_bytes) +
+                                        " bytes (server.max_body_bytes)", "", "request_too_large"));
+    } else {
+      send_error(res, ApiError(res.status, "the HTTP request could not be read", "", "bad_request"));
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::cerr << "error: " << req.method << " " << req.path << ": " << what << "\n";
+    send_error(res, ApiError(500, "internal error: " + what, "", "internal_error"));
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.count_http(route_label(req.path), res.status);
+  });
+}
+
+GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
+  const Tokenizer& tok = pipeline_.tokenizer();
+  const ModelConfig& model = pipeline_.model().config();
+  const bool chat = r.endpoint == Endpoint::chat;
+  const std::string prompt_field = chat ? "messages" : "prompt";
+  GenerationRequest g;
+  try {
+    if (chat) {
+      g.prompt = chat_.encode(tok, r.messages);
+      g.stop_tokens = chat_.stop_tokens(tok);
+      for (const auto& s : chat_.stop_strings(tok)) g.stop.push_back(s);
+    } else if (r.prompt_text) {
+      g.prompt = tok.encode(*r.prompt_text, tok.vocabulary().add_bos);
+    } else {
+      g.prompt = r.prompt_tokens;
+    }
+  } catch (const Error& e) {
+    throw bad_field(prompt_field, std::string("cannot tokenize '") + prompt_field + "': " + e.what());
+  }
+  if (g.prompt.empty()) {
+    if (tok.bos() < 0) throw bad_field(prompt_field, "'" + prompt_field + "' is empty");
+    g.prompt.push_back(tok.bos());  // generate from BOS alone, as `tessera run` does
+  }
+  for (int32_t t : g.prompt) {
+    if (t < 0 || t >= model.vocab) {
+      throw bad_field(prompt_field, "'" + prompt_field + "' holds token id " + std::to_string(t) +
+                                        ", outside the vocabulary (0.." + std::to_string(model.vocab - 1) + ")");
+    }
+  }
+  const auto n = int64_t(g.prompt.size());
+  const int64_t ctx = model.context_length;
+  if (n >= ctx) {
+    throw bad_field(prompt_field,
+                    "the prompt is " + std::to_string(n) + " tokens; the model's context is " + std::to_string(ctx) +
+                        " tokens, which must also hold at least one generated token",
+                    "context_length_exceeded");
+  }
+  if (r.max_tokens) {
+    if (n + *r.max_tokens > ctx) {
+      throw bad_field("max_tokens",
+                      "'max_tokens' is " + std::to_string(*r.max_tokens) + ", but the prompt is " + std::to_string(n) +
+                          " tokens and the context " + std::to_string(ctx) + ": at most " + std::to_string(ctx - n) +
+                          " tokens can be generated",
+                      "context_length_exceeded");
+    }
+    g.max_tokens = *r.max_tokens;
+  } else {
+    g.max_tokens = std::min(config_.default_max_tokens, ctx - n);
+  }
+
+  SamplingParams s = pipeline_.decoder().default_params();
+  if (r.temperature) s.temperature = *r.temperature;
+  if (r.top_p) s.top_p = *r.top_p;
+  if (r.top_k) s.top_k = *r.top_k;
+  if (r.min_p) s.min_p = *r.min_p;
+  if (r.frequency_penalty) s.frequency_penalty = *r.frequency_penalty;
+  if (r.presence_penalty) s.presence_penalty = *r.presence_penalty;
+  if (r.repetition_penalty) s.repetition_penalty = *r.repetition_penalty;
+  if (r.seed) {
+    s.seed = *r.seed;
+  } else if (s.temperature > 0) {
+    // As OpenAI: without a seed, each request samples afresh.
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    s.seed = rng();
+  }
+  s.logprobs = r.logprobs ? r.top_logprobs : 0;
+  try {
+    validate_sampling(s);
+  } catch (const Error& e) {
+    throw bad_field("", e.what());
+  }
+  g.sampling = s;
+  g.user = r.user.empty() ? "anonymous" : r.user;
+  for (const auto& stop : r.stop) g.stop.push_back(stop);
+  g.ignore_eos = r.ignore_eos;
+  return g;
+}
+
+// Holds one of max_queue places; a stream takes it over and gives it back when it ends.
+class HttpServer::Admission {
+ public:
+  explicit Admission(HttpServer& s) : server_(s) {}
+  ~Admission() {
+    if (held_) server_.leave();
+  }
+  bool enter() { return held_ = server_.try_admit(); }
+  void hand_over() { held_ = false; }
+
+ private:
+  HttpServer& server_;
+  bool held_ = false;
+};
+
+void HttpServer::generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  std::string user;
+  Admission admission(*this);
+  try {
+    if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down", "server_error");
+    OpenAiRequest r = parse_openai_request(endpoint, req.body);
+    user = r.user;
+    if (!r.model.empty() && r.model != config_.model_name) {
+      throw ApiError(404, "model '" + r.model + "' does not exist; this server serves '" + config_.model_name + "'",
+                     "model", "model_not_found");
+    }
+    GenerationRequest g = build_request(r);
+    if (!admission.enter()) {
+      throw ApiError(429, "the server is at capacity (" + std::to_string(config_.max_queue) +
+                              " requests in flight); retry later", "", "queue_full");
+    }
+    std::shared_ptr<RequestHandle> handle;
+    try {
+      handle = engine_.submit(std::move(g));
+    } catch (const Error& e) {
+      if (draining_ || !engine_.failure().empty()) throw ApiError(503, e.what(), "", "unavailable", "server_error");
+      throw bad_field("", e.what());
+    }
+    ResponseMeta meta{endpoint, (endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-") + std::to_string(handle->id()),
+                      int64_t(std::time(nullptr)), config_.model_name};
+    if (r.stream) {
+      auto st = std::make_shared<Stream>();
+      st->handle = std::move(handle);
+      st->request = std::move(r);
+      st->meta = std::move(meta);
+      admission.hand_over();  // the stream's releaser leaves
+      start_stream(std::move(st), res);
+      return;
+    }
+
+    std::string text;
+    std::optional<GenerationResult> result;
+    while (!result) handle->wait(std::chrono::milliseconds(200), text, result);
+    metrics_.observe(user, *result);
+    if (result->reason == FinishReason::error) {
+      if (!engine_.failure().empty()) throw ApiError(500, result->error, "", "internal_error");
+      throw bad_field("", result->error, "generation_failed");
+    }
+    if (result->reason == FinishReason::cancelled) {
+      throw ApiError(503, "the request was cancelled: the server is shutting down", "", "cancelled", "server_error");
+    }
+    send_json(res, 200, response_json(meta, *result, r, pipeline_.tokenizer()));
+    metrics_.count_user(user, 200);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+    metrics_.count_user(user, e.status());
+  }
+}
+
+void HttpServer::start_stream(std::shared_ptr<Stream> st, httplib::Response& res) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t, httplib::DataSink& sink) -> bool {
+        auto send = [&](const json& j) {
+          const std::string ev = sse_event(j);
+          return sink.write(ev.data(), ev.size());
+        };
+        if (st->meta.endpoint == Endpoint::chat && !st->role_sent) {
+          st->role_sent = true;
+          if (!send(chunk_json(st->meta, "", "assistant"))) return false;
+        }
+        std::string text;
+        std::optional<GenerationResult> result;
+        st->handle->wait(std::chrono::milliseconds(50), text, result);
+        st->pending += text;
+        if (!result) {
+          const size_t n = complete_utf8_prefix(st->pending);
+          if (n > 0) {
+            const bool ok = send(chunk_json(st->meta, st->pending.substr(0, n)));
+            st->pending.erase(0, n);
+            if (!ok) return false;
+          }
+          return true;  // httplib checks the socket before calling again: a gone client ends the stream
+        }
+        metrics_.observe(st->request.user, *result);
+        if (!st->pending.empty() && !send(chunk_json(st->meta, st->pending))) return false;
+        if (result->reason == FinishReason::error || result->reason == FinishReason::cancelled) {
+          const ApiError e = result->reason == FinishReason::cancelled
+                                 ? ApiError(503, "the request was cancelled: the server is shutting down", "",
+                                            "cancelled", "server_error")
+                                 : ApiError(500, result->error, "", "generation_failed", "server_error");
+          if (!send(e.body())) return false;
+        } else {
+          json last = chunk_json(st->meta, "", nullptr, openai_finish_reason(result->reason));
+          // Usage rides on the last chunk; with include_usage also in OpenAI's separate usage chunk.
+          last["usage"] = usage_json(*result);
+          if (!send(last)) return false;
+          if (st->request.include_usage && !send(usage_chunk_json(st->meta, *result))) return false;
+        }
+        static const std::string done = "data: [DONE]\n\n";
+        if (!sink.write(done.data(), done.size())) return false;
+        st->finished = true;
+        sink.done();
+        return true;
+      },
+      [this, st](bool success) {
+        // Called when the response is over: a client that went away cancels its request, which
+        // gives its KV blocks back.
+        if (!success || !st->finished) engine_.cancel(st->handle->id());
+        metrics_.count_user(st->request.user, st->finished ? 200 : 499);
+        leave();
+      });
+}
+
+}  // namespace tessera::serve

@@ -1,0 +1,64 @@
+// Server metrics in the Prometheus text format (version 0.0.4): requests by route and status, tokens
+// in and out, time-to-first-token and inter-token histograms, queue depth, KV blocks, prefix hit rate
+// — globally and per user (the request's `user` field). Users beyond kMaxUsers share the label
+// "_other", so a client inventing user names cannot grow the page without bound.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "serving_engine.h"
+
+namespace tessera::serve {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Appends NAME_bucket{labels,le=...}, NAME_sum and NAME_count.
+  void write(std::string& out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket (not cumulative); last = +Inf
+  double sum_ = 0;
+  int64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  static constexpr size_t kMaxUsers = 1000;
+
+  ServerMetrics();
+  // Every HTTP response, by route ("unmatched" for unknown paths) and status.
+  void count_http(const std::string& route, int status);
+  // A generation request's outcome for its user ("" = the request named none or was not parsed;
+  // 499 = the client went away mid-stream).
+  void count_user(const std::string& user, int status);
+  // A finished generation: tokens in/out and its latencies (seconds on the engine clock).
+  void observe(const std::string& user, const GenerationResult& result);
+  // The whole page.
+  std::string render(const EngineSnapshot& snapshot, int64_t http_in_flight) const;
+
+ private:
+  struct Series {
+    std::map<int, int64_t> requests;  // by status (per user only: routes count the total)
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    Histogram ttft, itl;
+    Series();
+  };
+  Series& user_series(const std::string& user);
+
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status)
+  Series global_;
+  std::map<std::string, Series> users_;
+};
+
+// Prometheus label value escaping (backslash, quote, newline).
+std::string prom_escape(const std::string& value);
+
+}  // namespace tessera::serve

@@ -1,0 +1,53 @@
+// The body of POST /v1/completions and /v1/chat/completions, parsed and checked. Every rule names the
+// field it applies to, so a bad request gets a 400 that says which field and why. Fields a request
+// leaves out stay empty here and take the server's defaults later.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::serve {
+
+enum class Endpoint { completions, chat };
+
+struct ChatMessage {
+  std::string role;  // system, developer, user, assistant
+  std::string content;
+};
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::completions;
+  std::string model;  // empty: not given
+  // completions: a prompt as text or as token ids
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  // chat
+  std::vector<ChatMessage> messages;
+
+  std::optional<int64_t> max_tokens;
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> frequency_penalty, presence_penalty, repetition_penalty;
+  std::optional<uint64_t> seed;
+  // completions: `logprobs: N`; chat: `logprobs: true` with `top_logprobs: N`
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+  std::vector<std::string> stop;
+  std::string user;  // empty: not given
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension (as vLLM): generate max_tokens whatever the model says
+};
+
+// Largest values accepted (OpenAI's limits where it has one).
+inline constexpr int64_t kMaxLogprobs = 20;
+inline constexpr size_t kMaxStops = 16;
+
+// Throws ApiError (400) naming the field: malformed JSON, a body that is not an object, a missing or
+// ill-typed field, a value out of range, an unknown field or an unsupported feature (n > 1, tools...).
+OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body);
+
+}  // namespace tessera::serve

@@ -1,0 +1,137 @@
+#include "openai_response.h"
+
+namespace tessera::serve {
+
+using nlohmann::json;
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+// Completions' legacy shape: parallel arrays of tokens, their logprobs, the top alternatives and the
+// offset of each token in the text.
+json completion_logprobs(const GenerationResult& r, const Tokenizer& tok) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const std::string piece = tok.token_to_piece(r.tokens[i]);
+    tokens.push_back(piece);
+    lps.push_back(i < r.logprobs.size() ? json(r.logprobs[i]) : json());
+    offsets.push_back(offset);
+    offset += piece.size();
+    json top = json::object();
+    if (i < r.top_logprobs.size()) {
+      for (const TokenLogprob& t : r.top_logprobs[i]) top[tok.token_to_piece(t.token)] = t.logprob;
+    }
+    tops.push_back(top);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json chat_logprobs(const GenerationResult& r, const Tokenizer& tok) {
+  json content = json::array();
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const std::string piece = tok.token_to_piece(r.tokens[i]);
+    json top = json::array();
+    if (i < r.top_logprobs.size()) {
+      for (const TokenLogprob& t : r.top_logprobs[i]) {
+        const std::string p = tok.token_to_piece(t.token);
+        top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", bytes_of(p)}});
+      }
+    }
+    content.push_back({{"token", piece},
+                       {"logprob", i < r.logprobs.size() ? json(r.logprobs[i]) : json()},
+                       {"bytes", bytes_of(piece)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+}  // namespace
+
+std::string openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::eos:
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    default: return std::string(finish_reason_name(r));
+  }
+}
+
+json usage_json(const GenerationResult& r) {
+  const auto in = int64_t(r.prompt.size()), out = int64_t(r.tokens.size());
+  return {{"prompt_tokens", in},
+          {"completion_tokens", out},
+          {"total_tokens", in + out},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+}
+
+json response_json(const ResponseMeta& meta, const GenerationResult& r, const OpenAiRequest& req,
+                   const Tokenizer& tok) {
+  json choice = {{"index", 0}, {"finish_reason", openai_finish_reason(r.reason)}, {"logprobs", nullptr}};
+  json j = {{"id", meta.id}, {"created", meta.created}, {"model", meta.model}};
+  if (meta.endpoint == Endpoint::completions) {
+    j["object"] = "text_completion";
+    choice["text"] = r.text;
+    if (req.logprobs) choice["logprobs"] = completion_logprobs(r, tok);
+  } else {
+    j["object"] = "chat.completion";
+    choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+    if (req.logprobs) choice["logprobs"] = chat_logprobs(r, tok);
+  }
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(r);
+  return j;
+}
+
+json chunk_json(const ResponseMeta& meta, const std::string& text, const char* role, const std::string& finish_reason) {
+  json choice = {{"index", 0}, {"logprobs", nullptr},
+                 {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)}};
+  json j = {{"id", meta.id}, {"created", meta.created}, {"model", meta.model}};
+  if (meta.endpoint == Endpoint::completions) {
+    j["object"] = "text_completion";
+    choice["text"] = text;
+  } else {
+    j["object"] = "chat.completion.chunk";
+    json delta = json::object();
+    if (role != nullptr) delta["role"] = role;
+    if (!text.empty() || role != nullptr) delta["content"] = text;
+    choice["delta"] = delta;
+  }
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json usage_chunk_json(const ResponseMeta& meta, const GenerationResult& r) {
+  return {{"id", meta.id},
+          {"object", meta.endpoint == Endpoint::completions ? "text_completion" : "chat.completion.chunk"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array()},
+          {"usage", usage_json(r)}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+size_t complete_utf8_prefix(const std::string& s) {
+  // Look back at most 3 bytes for the lead byte of an unfinished sequence.
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
+    size_t need = 1;
+    if ((c & 0xE0) == 0xC0) need = 2;
+    else if ((c & 0xF0) == 0xE0) need = 3;
+    else if ((c & 0xF8) == 0xF0) need = 4;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace tessera::serve

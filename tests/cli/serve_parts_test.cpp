@@ -1,0 +1,182 @@
+// Parts of `tessera serve` in-process: the pipeline's server: section, chat templates, request
+// parsing details and the helpers streaming relies on.
+#include <gtest/gtest.h>
+
+#include "serve/api_error.h"
+#include "serve/chat_template.h"
+#include "serve/metrics.h"
+#include "serve/openai_request.h"
+#include "serve/openai_response.h"
+#include "tessera/error.h"
+#include "tessera/gguf.h"
+#include "tessera/pipeline_spec.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using serve::ChatFormat;
+using serve::ChatMessage;
+using serve::ChatTemplate;
+
+std::string load_error(const test::TempDir& dir, const std::string& yaml) {
+  const std::string path = dir.write("p.yaml", yaml);
+  try {
+    load_pipeline_spec(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ServerSection, KeysAreTypedAndMergedOverExtends) {
+  test::TempDir dir;
+  dir.write("base.yaml", "server:\n  port: 9000\n  host: 0.0.0.0\n  api_key: base-key\n");
+  const std::string path = dir.write("p.yaml",
+                                     "extends: base.yaml\nserver:\n  port: 9001\n  max_body_bytes: 2MiB\n"
+                                     "  api_key_file: key.txt\n");
+  dir.write("key.txt", "k\n");
+  const PipelineSpec spec = load_pipeline_spec(path);
+  EXPECT_EQ(spec.server["port"], 9001);
+  EXPECT_EQ(spec.server["host"], "0.0.0.0");
+  EXPECT_EQ(spec.server["max_body_bytes"], 2 * 1024 * 1024);
+  // The key file replaces the base's key, and is found beside the pipeline.
+  EXPECT_FALSE(spec.server.contains("api_key"));
+  EXPECT_EQ(spec.server["api_key_file"], dir.path() + "/key.txt");
+  EXPECT_EQ(spec.server_where.at("port"), path + ":3");
+  const Params p = validate_params(server_params(), spec.server, "test");
+  EXPECT_EQ(p.get_int("max_queue"), 256);
+  EXPECT_EQ(p.get_string("chat_template"), "auto");
+}
+
+TEST(ServerSection, BadKeysAndValuesNameTheFileLineAndKey) {
+  test::TempDir dir;
+  const std::string unknown = load_error(dir, "backend: cpu\nserver:\n  prot: 80\n");
+  EXPECT_NE(unknown.find("p.yaml:3"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown parameter 'prot'"), std::string::npos) << unknown;
+
+  const std::string range = load_error(dir, "server:\n  port: 70000\n");
+  EXPECT_NE(range.find("p.yaml:2"), std::string::npos) << range;
+  EXPECT_NE(range.find("'port' is 70000"), std::string::npos) << range;
+
+  const std::string type = load_error(dir, "server:\n  max_queue: many\n");
+  EXPECT_NE(type.find("p.yaml:2"), std::string::npos) << type;
+  EXPECT_NE(type.find("max_queue"), std::string::npos) << type;
+
+  const std::string both = load_error(dir, "server:\n  api_key: a\n  api_key_file: b\n");
+  EXPECT_NE(both.find("api_key or api_key_file, not both"), std::string::npos) << both;
+
+  const std::string choice = load_error(dir, "server:\n  chat_template: jinja\n");
+  EXPECT_NE(choice.find("expected one of: auto, chatml"), std::string::npos) << choice;
+
+  const std::string not_map = load_error(dir, "server: 8080\n");
+  EXPECT_NE(not_map.find("p.yaml:1"), std::string::npos) << not_map;
+  EXPECT_NE(not_map.find("'server' must be a map"), std::string::npos) << not_map;
+}
+
+TEST(ServerSection, CommandLineValuesAreRangeChecked) {
+  EXPECT_THROW(check_server_value("port", -1, "--port"), Error);
+  EXPECT_THROW(check_server_value("max_queue", 0, "server"), Error);
+  EXPECT_NO_THROW(check_server_value("port", 0, "--port"));
+}
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}};
+
+TEST(ChatTemplates, DetectedByTheirMarkers) {
+  EXPECT_EQ(ChatTemplate::detect("{% for message in messages %}<|im_start|>{{ message.role }}"), ChatFormat::chatml);
+  EXPECT_EQ(ChatTemplate::detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}"),
+            ChatFormat::llama3);
+  EXPECT_EQ(ChatTemplate::detect("{{ bos_token + '[INST] ' + content + ' [/INST]' }}"), ChatFormat::llama2);
+  EXPECT_EQ(ChatTemplate::detect("{{ '<|user|>\n' + message['content'] + eos_token }}"), ChatFormat::zephyr);
+  EXPECT_EQ(ChatTemplate::detect("{{ something else }}"), ChatFormat::fallback);
+  std::string note;
+  EXPECT_EQ(ChatTemplate::choose("auto", "", &note).format(), ChatFormat::fallback);
+  EXPECT_NE(note.find("no tokenizer.chat_template"), std::string::npos);
+  EXPECT_EQ(ChatTemplate::choose("auto", "<|im_start|>", &note).format(), ChatFormat::chatml);
+  EXPECT_EQ(ChatTemplate::choose("llama2", "<|im_start|>", &note).format(), ChatFormat::llama2);
+  EXPECT_THROW(ChatTemplate::choose("jinja", "", &note), Error);
+}
+
+TEST(ChatTemplates, RenderTheConversationUpToTheAnswer) {
+  EXPECT_EQ(ChatTemplate(ChatFormat::chatml).render_text(kConversation),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(ChatTemplate(ChatFormat::llama3).render_text({{"user", "Hi"}}),
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(ChatTemplate(ChatFormat::llama2).render_text(kConversation),
+            "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] Bye [/INST]");
+  EXPECT_EQ(ChatTemplate(ChatFormat::zephyr).render_text({{"user", "Hi"}}), "<|user|>\nHi</s>\n<|assistant|>\n");
+  EXPECT_EQ(ChatTemplate(ChatFormat::fallback).render_text(kConversation),
+            "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!\n<|user|>\nBye\n<|assistant|>\n");
+}
+
+TEST(ChatTemplates, MarkersInTheVocabularyBecomeTheirTokens) {
+  auto tok = Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
+  // llama2 on a SentencePiece vocabulary: </s> and <s> between turns are EOS and BOS, not text.
+  const std::vector<int32_t> ids = ChatTemplate(ChatFormat::llama2).encode(*tok, kConversation);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), tok->bos());
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->eos()), 1);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->bos()), 2);
+  // Without markers in the vocabulary (stories260K has no <|im_end|>), the turn ends at a stop string.
+  EXPECT_TRUE(ChatTemplate(ChatFormat::chatml).stop_tokens(*tok).empty());
+  EXPECT_EQ(ChatTemplate(ChatFormat::chatml).stop_strings(*tok), std::vector<std::string>{"<|im_end|>"});
+  // The default template is one text after BOS.
+  EXPECT_EQ(ChatTemplate(ChatFormat::fallback).encode(*tok, kConversation),
+            tok->encode(ChatTemplate(ChatFormat::fallback).render_text(kConversation), true));
+}
+
+serve::ApiError parse_error(serve::Endpoint e, const std::string& body) {
+  try {
+    serve::parse_openai_request(e, body);
+  } catch (const serve::ApiError& err) {
+    return err;
+  }
+  return serve::ApiError(0, "no error");
+}
+
+TEST(OpenAiRequests, FieldsAreReadWithOpenAiConventions) {
+  using serve::Endpoint;
+  const auto r = serve::parse_openai_request(
+      Endpoint::chat,
+      R"({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+          "max_completion_tokens": 9, "top_k": -1, "stop": ["x", "y"], "logprobs": true, "top_logprobs": 2,
+          "seed": -1, "tool_choice": "none"})");
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[0].content, "ab");
+  EXPECT_EQ(r.max_tokens, 9);
+  EXPECT_EQ(r.top_k, 0);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(r.seed, uint64_t(-1));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  const auto big = parse_error(Endpoint::completions, R"({"prompt": "a", "max_tokens": 18446744073709551615})");
+  EXPECT_EQ(big.status(), 400);
+  EXPECT_EQ(big.param(), "max_tokens");
+  const auto part = parse_error(Endpoint::chat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})");
+  EXPECT_EQ(part.param(), "messages[0].content[0].type");
+  const auto field = parse_error(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x", "mood": 1}]})");
+  EXPECT_EQ(field.param(), "messages[0].mood");
+}
+
+TEST(StreamingHelpers, Utf8PrefixHoldsBackAnUnfinishedCharacter) {
+  EXPECT_EQ(serve::complete_utf8_prefix("abc"), 3u);
+  EXPECT_EQ(serve::complete_utf8_prefix("ab\xC3"), 2u);             // first byte of é
+  EXPECT_EQ(serve::complete_utf8_prefix("ab\xC3\xA9"), 4u);         // é
+  EXPECT_EQ(serve::complete_utf8_prefix("a\xE2\x82"), 1u);          // 2 of 3 bytes of €
+  EXPECT_EQ(serve::complete_utf8_prefix("a\xF0\x9F\x98\x80"), 5u);  // 😀
+  EXPECT_EQ(serve::complete_utf8_prefix(""), 0u);
+}
+
+TEST(StreamingHelpers, MetricsEscapeLabelValuesAndCapUsers) {
+  EXPECT_EQ(serve::prom_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  serve::ServerMetrics m;
+  for (size_t i = 0; i < serve::ServerMetrics::kMaxUsers + 10; ++i) m.count_user("u" + std::to_string(i), 200);
+  const std::string page = m.render({}, 0);
+  EXPECT_NE(page.find("tessera_user_requests_total{user=\"_other\",status=\"200\"} 10"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera

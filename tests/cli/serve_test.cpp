@@ -1,0 +1,486 @@
+// `tessera serve` over real HTTP on loopback: the OpenAI API, streaming, errors, auth, back-pressure,
+// cancellation on disconnect and graceful shutdown.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "serve/chat_template.h"
+#include "serve_test_util.h"
+#include "tessera/gguf.h"
+#include "tessera/tokenizer.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+using test::ServerProcess;
+
+const std::string kStory = "Once upon a time";
+// Greedy continuation of kStory by stories260K (the reference's completion_text; see cli_test.cpp).
+const std::string kStoryContinuation = ", there was a little girl named Lily. She";
+
+std::unique_ptr<Tokenizer> stories_tokenizer() {
+  return Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
+}
+
+json post_json(httplib::Client& c, const std::string& path, const json& body, int expect_status = 200) {
+  auto res = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!res) {
+    ADD_FAILURE() << "no response from " << path << ": " << httplib::to_string(res.error());
+    return json();
+  }
+  EXPECT_EQ(res->status, expect_status) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  return json::parse(res->body);
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    server_ = new ServerProcess({"-p", test::serve_pipeline(*dir_)});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete dir_;
+  }
+  static test::TempDir* dir_;
+  static ServerProcess* server_;
+};
+test::TempDir* Serve::dir_ = nullptr;
+ServerProcess* Serve::server_ = nullptr;
+
+TEST_F(Serve, CompletionGivesTheGreedyTextAndUsage) {
+  auto c = server_->client();
+  const json r = post_json(c, "/v1/completions", {{"model", "stories260K-f32"}, {"prompt", kStory}, {"max_tokens", 12}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "stories260K-f32");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["text"], kStoryContinuation);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 5);  // BOS + 4 tokens
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(r["usage"]["total_tokens"], 17);
+}
+
+TEST_F(Serve, CompletionAcceptsTokenIdsAndStopsAtAStopString) {
+  auto c = server_->client();
+  const json ids = post_json(c, "/v1/completions", {{"prompt", {1, 403, 407, 261, 378}}, {"max_tokens", 12}});
+  EXPECT_EQ(ids["choices"][0]["text"], kStoryContinuation);
+  const json stopped = post_json(c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 12}, {"stop", "Lily"}});
+  EXPECT_EQ(stopped["choices"][0]["text"], ", there was a little girl named ");
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(Serve, CompletionLogprobsAreGivenPerToken) {
+  auto c = server_->client();
+  const json r = post_json(c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 6}, {"logprobs", 3}});
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u) << r.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    joined += lp["tokens"][i].get<std::string>();
+    const double chosen = lp["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0);
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    double best = -1e30;
+    for (auto& [tok, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(chosen, best, 1e-5);
+  }
+  EXPECT_EQ(joined, r["choices"][0]["text"]);
+}
+
+TEST_F(Serve, ChatUsesTheDefaultTemplateWithoutOneInTheModel) {
+  auto c = server_->client();
+  const json messages = {{{"role", "system"}, {"content", "You tell stories."}},
+                         {{"role", "user"}, {"content", "Tell me about a cat."}}};
+  const json r = post_json(c, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 10}, {"user", "alice"}});
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_FALSE(r["choices"][0]["message"]["content"].get<std::string>().empty());
+  // The prompt is the documented default template, tokenized as one text after BOS.
+  const auto tok = stories_tokenizer();
+  const std::vector<int32_t> ids = tok->encode(
+      "<|system|>\nYou tell stories.\n<|user|>\nTell me about a cat.\n<|assistant|>\n", true);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 10);
+}
+
+TEST_F(Serve, StreamedCompletionEqualsTheWholeOne) {
+  auto c = server_->client();
+  const json whole = post_json(c, "/v1/completions", {{"prompt", "Lily and Ben"}, {"max_tokens", 20}});
+  auto res = c.Post("/v1/completions",
+                    json({{"prompt", "Lily and Ben"}, {"max_tokens", 20}, {"stream", true},
+                          {"stream_options", {{"include_usage", true}}}}).dump(),
+                    "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  const auto s = test::parse_stream(res->body);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(test::sse_data(res->body).back(), "[DONE]");
+  EXPECT_EQ(s.text, whole["choices"][0]["text"]);
+  EXPECT_EQ(s.finish_reason, whole["choices"][0]["finish_reason"]);
+  EXPECT_EQ(s.usage, whole["usage"]);
+  EXPECT_EQ(s.usage_chunk, whole["usage"]);
+}
+
+TEST_F(Serve, StreamedChatOpensWithTheRoleAndEqualsTheWholeOne) {
+  auto c = server_->client();
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}, {"max_tokens", 16}};
+  const json whole = post_json(c, "/v1/chat/completions", body);
+  json sbody = body;
+  sbody["stream"] = true;
+  auto res = c.Post("/v1/chat/completions", sbody.dump(), "application/json");
+  ASSERT_TRUE(res);
+  const auto data = test::sse_data(res->body);
+  ASSERT_GE(data.size(), 3u);
+  EXPECT_EQ(json::parse(data[0])["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(json::parse(data[0])["object"], "chat.completion.chunk");
+  const auto s = test::parse_stream(res->body);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.text, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(s.usage, whole["usage"]);
+}
+
+TEST_F(Serve, SeededSamplingRepeatsAndTemperatureChangesTheText) {
+  auto c = server_->client();
+  const json body = {{"prompt", kStory}, {"max_tokens", 24}, {"temperature", 1.0}, {"top_p", 0.9},
+                     {"top_k", 40}, {"min_p", 0.05}, {"seed", 7}};
+  const json a = post_json(c, "/v1/completions", body);
+  const json b = post_json(c, "/v1/completions", body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  EXPECT_NE(a["choices"][0]["text"], kStoryContinuation);
+}
+
+TEST_F(Serve, ModelsHealthAndMetrics) {
+  auto c = server_->client();
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], "stories260K-f32");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 512);
+  auto one = c.Get("/v1/models/stories260K-f32");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+
+  post_json(c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 4}, {"user", "metrics-user"}});
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_NE(page->get_header_value("Content-Type").find("text/plain; version=0.0.4"), std::string::npos);
+  const std::string& p = page->body;
+  EXPECT_GE(test::metric(p, R"(tessera_http_requests_total{route="/v1/completions",status="200"})").value_or(0), 1);
+  EXPECT_EQ(test::metric(p, R"(tessera_user_requests_total{user="metrics-user",status="200"})"), 1);
+  EXPECT_EQ(test::metric(p, R"(tessera_user_prompt_tokens_total{user="metrics-user"})"), 5);
+  EXPECT_EQ(test::metric(p, R"(tessera_user_generation_tokens_total{user="metrics-user"})"), 4);
+  EXPECT_EQ(test::metric(p, R"(tessera_user_time_to_first_token_seconds_count{user="metrics-user"})"), 1);
+  EXPECT_EQ(test::metric(p, R"(tessera_user_inter_token_latency_seconds_count{user="metrics-user"})"), 3);
+  for (const char* name : {"tessera_queue_depth", "tessera_kv_blocks_used", "tessera_kv_blocks_free",
+                           "tessera_prefix_cache_hit_rate", "tessera_time_to_first_token_seconds_count",
+                           "tessera_inter_token_latency_seconds_sum"}) {
+    EXPECT_TRUE(test::metric(p, name).has_value()) << name << "\n" << p;
+  }
+  EXPECT_GT(*test::metric(p, "tessera_kv_blocks_free"), 0);
+}
+
+TEST(ServePrefixCache, UserDrivesIsolationAndThePerUserMetrics) {
+  test::TempDir dir;
+  const std::string pipeline = dir.write(
+      "prefix.yaml", "extends: " + std::string(TESSERA_SOURCE_DIR) + "/pipelines/prefix.yaml\nmodel: " +
+                         test::kStoriesF32 + "\nbackend: cpu\ncomponents:\n  cache: { plugin: prefix_lru, isolation: user }\n");
+  ServerProcess server({"-p", pipeline});
+  auto c = server.client();
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+      "friends. One day, she saw a big red ball under a tree.";
+  auto ask = [&](const std::string& user) {
+    return post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 16}, {"user", user}});
+  };
+  const json first = ask("alice");
+  const json again = ask("alice");
+  const json other = ask("bob");
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GE(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 16) << again.dump();
+  EXPECT_EQ(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0);  // alice's blocks are hers
+  EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);    // reuse changes no token
+  EXPECT_EQ(other["choices"][0]["text"], first["choices"][0]["text"]);
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_GT(test::metric(page->body, R"(tessera_user_prefix_cache_hit_rate{user="alice"})").value_or(0), 0) << page->body;
+  EXPECT_EQ(test::metric(page->body, R"(tessera_user_prefix_cache_hit_rate{user="bob"})").value_or(-1), 0) << page->body;
+  EXPECT_EQ(test::metric(page->body, R"(tessera_user_prompt_cached_tokens_total{user="alice"})"),
+            again["usage"]["prompt_tokens_details"]["cached_tokens"].get<double>());
+  EXPECT_GT(test::metric(page->body, "tessera_prefix_cache_hit_rate").value_or(0), 0);
+}
+
+// --- Bad requests: each gets its status and an OpenAI-style error naming the field. ---
+
+struct BadRequest {
+  std::string name;
+  std::string method;
+  std::string path;
+  std::string body;
+  int status;
+  json param;  // expected error.param (null: none)
+  std::string code;
+};
+
+void PrintTo(const BadRequest& b, std::ostream* os) { *os << b.name; }
+
+std::string long_prompt() {
+  std::string s;
+  for (int i = 0; i < 300; ++i) s += "the cat sat ";
+  return s;
+}
+
+std::vector<BadRequest> bad_requests() {
+  const std::string c = "/v1/completions", chat = "/v1/chat/completions";
+  const std::string msg = R"("messages": [{"role": "user", "content": "hi"}])";
+  return {
+      {"malformed_json", "POST", c, R"({"prompt": "hi",)", 400, nullptr, "invalid_json"},
+      {"body_not_object", "POST", c, R"(["prompt"])", 400, nullptr, "invalid_json"},
+      {"missing_prompt", "POST", c, R"({"max_tokens": 4})", 400, "prompt", "missing_required_parameter"},
+      {"prompt_wrong_type", "POST", c, R"({"prompt": 42})", 400, "prompt", "invalid_type"},
+      {"two_prompts", "POST", c, R"({"prompt": ["a", "b"]})", 400, "prompt", "invalid_value"},
+      {"token_outside_vocab", "POST", c, R"({"prompt": [1, 99999]})", 400, "prompt", "invalid_value"},
+      {"prompt_longer_than_context", "POST", c, json({{"prompt", long_prompt()}}).dump(), 400, "prompt",
+       "context_length_exceeded"},
+      {"max_tokens_past_context", "POST", c, R"({"prompt": "hi", "max_tokens": 600})", 400, "max_tokens",
+       "context_length_exceeded"},
+      {"max_tokens_string", "POST", c, R"({"prompt": "hi", "max_tokens": "12"})", 400, "max_tokens", "invalid_type"},
+      {"max_tokens_zero", "POST", c, R"({"prompt": "hi", "max_tokens": 0})", 400, "max_tokens", "invalid_value"},
+      {"max_tokens_float", "POST", c, R"({"prompt": "hi", "max_tokens": 1.5})", 400, "max_tokens", "invalid_type"},
+      {"temperature_high", "POST", c, R"({"prompt": "hi", "temperature": 5})", 400, "temperature", "invalid_value"},
+      {"top_p_zero", "POST", c, R"({"prompt": "hi", "top_p": 0})", 400, "top_p", "invalid_value"},
+      {"top_k_negative", "POST", c, R"({"prompt": "hi", "top_k": -3})", 400, "top_k", "invalid_value"},
+      {"min_p_high", "POST", c, R"({"prompt": "hi", "min_p": 1.5})", 400, "min_p", "invalid_value"},
+      {"seed_float", "POST", c, R"({"prompt": "hi", "seed": 1.5})", 400, "seed", "invalid_type"},
+      {"stop_not_strings", "POST", c, R"({"prompt": "hi", "stop": [1, 2]})", 400, "stop", "invalid_type"},
+      {"stop_empty", "POST", c, R"({"prompt": "hi", "stop": ""})", 400, "stop", "invalid_value"},
+      {"logprobs_too_many", "POST", c, R"({"prompt": "hi", "logprobs": 50})", 400, "logprobs", "invalid_value"},
+      {"logprobs_with_stream", "POST", c, R"({"prompt": "hi", "logprobs": 2, "stream": true})", 400, "logprobs",
+       "invalid_value"},
+      {"stream_not_bool", "POST", c, R"({"prompt": "hi", "stream": "yes"})", 400, "stream", "invalid_type"},
+      {"stream_options_without_stream", "POST", c, R"({"prompt": "hi", "stream_options": {"include_usage": true}})",
+       400, "stream_options", "invalid_value"},
+      {"user_not_string", "POST", c, R"({"prompt": "hi", "user": 7})", 400, "user", "invalid_type"},
+      {"n_two", "POST", c, R"({"prompt": "hi", "n": 2})", 400, "n", "invalid_value"},
+      {"unknown_field", "POST", c, R"({"prompt": "hi", "frobnicate": 1})", 400, "frobnicate", "unknown_parameter"},
+      {"unknown_model", "POST", c, R"({"prompt": "hi", "model": "gpt-5"})", 404, "model", "model_not_found"},
+      {"chat_missing_messages", "POST", chat, R"({"max_tokens": 4})", 400, "messages", "missing_required_parameter"},
+      {"chat_empty_messages", "POST", chat, R"({"messages": []})", 400, "messages", "invalid_value"},
+      {"chat_bad_role", "POST", chat, R"({"messages": [{"role": "robot", "content": "hi"}]})", 400,
+       "messages[0].role", "invalid_value"},
+      {"chat_content_wrong_type", "POST", chat, R"({"messages": [{"role": "user", "content": 5}]})", 400,
+       "messages[0].content", "invalid_type"},
+      {"chat_top_logprobs_alone", "POST", chat, "{" + msg + R"(, "top_logprobs": 2})", 400, "top_logprobs",
+       "invalid_value"},
+      {"chat_tools", "POST", chat, "{" + msg + R"(, "tools": [{"type": "function"}]})", 400, "tools",
+       "invalid_value"},
+      {"wrong_method", "GET", c, "", 405, nullptr, "method_not_allowed"},
+      {"unknown_route", "GET", "/v1/engines", "", 404, nullptr, "not_found"},
+      {"unknown_route_post", "POST", "/v2/completions", R"({"prompt": "hi"})", 404, nullptr, "not_found"},
+      {"body_too_large", "POST", c, json({{"prompt", std::string(70000, 'a')}}).dump(), 413, nullptr,
+       "request_too_large"},
+  };
+}
+
+class ServeBadRequest : public ::testing::TestWithParam<BadRequest> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    server_ = new ServerProcess({"-p", test::serve_pipeline(*dir_, "  max_body_bytes: 64KiB\n")});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete dir_;
+  }
+  static test::TempDir* dir_;
+  static ServerProcess* server_;
+};
+test::TempDir* ServeBadRequest::dir_ = nullptr;
+ServerProcess* ServeBadRequest::server_ = nullptr;
+
+TEST_P(ServeBadRequest, GetsItsStatusAndAnErrorNamingTheField) {
+  const BadRequest& b = GetParam();
+  auto c = server_->client();
+  auto res = b.method == "GET" ? c.Get(b.path.c_str()) : c.Post(b.path.c_str(), b.body, "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, b.status) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  const json j = json::parse(res->body);
+  ASSERT_TRUE(j.contains("error")) << res->body;
+  EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+  EXPECT_TRUE(j["error"]["type"].is_string());
+  EXPECT_EQ(j["error"]["param"], b.param) << res->body;
+  EXPECT_EQ(j["error"]["code"], b.code) << res->body;
+  // The server is still fine afterwards.
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, ServeBadRequest, ::testing::ValuesIn(bad_requests()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ServeBadRequests, TheTableHasAtLeastFifteenRows) { EXPECT_GE(bad_requests().size(), 15u); }
+
+// --- Auth, back-pressure, disconnects, shutdown ---
+
+TEST(ServeAuth, ApiKeyIsRequiredOnEveryRouteButHealth) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::serve_pipeline(dir), "--api-key", "s3cret"});
+  auto c = server.client();
+  for (const char* path : {"/v1/models", "/metrics"}) {
+    auto res = c.Get(path);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << path;
+    EXPECT_EQ(json::parse(res->body)["error"]["code"], "invalid_api_key");
+  }
+  auto none = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  auto wrong = c.Post("/v1/completions", {{"Authorization", "Bearer s3cre"}}, R"({"prompt": "hi", "max_tokens": 2})",
+                      "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto right = c.Post("/v1/completions", {{"Authorization", "Bearer s3cret"}}, R"({"prompt": "hi", "max_tokens": 2})",
+                      "application/json");
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200) << right->body;
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST(ServeAuth, KeyFileFromThePipelineYaml) {
+  test::TempDir dir;
+  dir.write("key.txt", "from-file\n");
+  ServerProcess server({"-p", test::serve_pipeline(dir, "  api_key_file: key.txt\n")});
+  auto c = server.client();
+  auto res = c.Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  c.set_bearer_token_auth("from-file");
+  res = c.Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+// A generation that stays in flight for seconds on the slow model (EOS ignored).
+std::string long_stream(int max_tokens = 1500, const std::string& user = "anonymous") {
+  return json({{"prompt", "Once upon a time"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", true},
+               {"user", user}})
+      .dump();
+}
+
+TEST(ServeLimits, AFullQueueGets429WithRetryAfter) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir, "  max_queue: 1\n")});
+  test::RawConnection busy(server.port());
+  busy.post("/v1/completions", long_stream());
+  busy.read_until("\"text\"");  // in flight, generating
+  auto c = server.client();
+  auto res = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "queue_full");
+  EXPECT_EQ(e["type"], "rate_limit_error");
+}
+
+TEST(ServeLimits, ADisconnectedStreamIsCancelledAndFreesItsBlocks) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
+  {
+    test::RawConnection conn(server.port());
+    conn.post("/v1/completions", long_stream(1500, "quitter"));
+    conn.read_until("\"text\"");
+  }  // closed after the first chunk
+  auto c = server.client();
+  const std::string page = test::wait_for_metrics(c, [](const std::string& p) {
+    return test::metric(p, R"(tessera_user_requests_total{user="quitter",status="499"})") == 1 &&
+           test::metric(p, "tessera_requests_running") == 0 && test::metric(p, "tessera_kv_blocks_used") == 0;
+  });
+  EXPECT_EQ(test::metric(page, R"(tessera_user_requests_total{user="quitter",status="499"})"), 1) << page;
+  EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
+  EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
+  // Cancelled, not run to the end.
+  EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
+}
+
+// Streams `n` requests on raw connections; returns them once each is generating.
+std::vector<std::unique_ptr<test::RawConnection>> start_streams(int port, int n, int max_tokens) {
+  std::vector<std::unique_ptr<test::RawConnection>> conns;
+  for (int i = 0; i < n; ++i) {
+    conns.push_back(std::make_unique<test::RawConnection>(port));
+    conns.back()->post("/v1/completions", long_stream(max_tokens));
+  }
+  for (auto& c : conns) c->read_until("\"text\"");
+  return conns;
+}
+
+TEST(ServeShutdown, SigtermRefusesNewRequestsLetsInFlightOnesFinishAndExitsZero) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir, "  shutdown_deadline: 120\n")});
+  auto conns = start_streams(server.port(), 2, 60);
+  kill(server.pid(), SIGTERM);
+  // While draining: /health says so and new requests get 503.
+  auto c = server.client();
+  std::shared_ptr<httplib::Response> health;
+  for (int i = 0; i < 200; ++i) {
+    auto res = c.Get("/health");
+    if (res && res->status == 503) {
+      health = std::make_shared<httplib::Response>(*res);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(health) << server.log();
+  EXPECT_EQ(json::parse(health->body)["status"], "shutting_down");
+  auto refused = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json");
+  if (refused) {  // or the listener has already closed, which refuses it too
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_EQ(json::parse(refused->body)["error"]["code"], "shutting_down");
+  }
+  EXPECT_EQ(server.stop(0, std::chrono::seconds(300)), 0) << server.log();  // signal 0: just wait for the exit
+  for (auto& conn : conns) {
+    const auto s = test::parse_stream(conn->read_until("data: [DONE]"));
+    EXPECT_TRUE(s.done);
+    EXPECT_EQ(s.finish_reason, "length");
+    EXPECT_EQ(s.usage["completion_tokens"], 60);
+  }
+  EXPECT_NE(server.log().find("SIGTERM"), std::string::npos);
+}
+
+TEST(ServeShutdown, PastTheDeadlineInFlightRequestsAreCancelledAndExitIsZero) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir, "  shutdown_deadline: 0.2\n")});
+  auto conns = start_streams(server.port(), 4, 1500);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
+  // Well before the requests could have finished (1500 tokens each).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+  for (auto& conn : conns) {
+    const auto s = test::parse_stream(conn->read_until("data: [DONE]"));
+    EXPECT_TRUE(s.done);  // the stream ends properly, with an error event saying why
+    EXPECT_EQ(s.error["code"], "cancelled");
+    EXPECT_TRUE(s.finish_reason.empty());
+  }
+  EXPECT_NE(server.log().find("cancelling"), std::string::npos) << server.log();
+}
+
+}  // namespace
+}  // namespace tessera
