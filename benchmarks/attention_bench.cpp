@@ -29,10 +29,7 @@ namespace {
 
 using bench::registry;
 
-Backend& cpu() {
-  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", nlohmann::json::object(), "benchmark");
-  return *b;
-}
+Backend& cpu() { return bench::cpu_backend(); }
 
 const std::string& long_model() {
   static const std::string path = [] {

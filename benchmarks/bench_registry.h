@@ -2,6 +2,9 @@
 // process (benchmarks create components from it until exit).
 #pragma once
 
+#include <memory>
+
+#include "tessera/backend.h"
 #include "tessera/registry.h"
 
 namespace tessera::bench {
@@ -13,6 +16,12 @@ inline const Registry& registry() {
     return reg;
   }();
   return *r;
+}
+
+// The CPU backend, created once.
+inline Backend& cpu_backend() {
+  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", nlohmann::json::object(), "benchmark");
+  return *b;
 }
 
 }  // namespace tessera::bench

@@ -21,10 +21,7 @@ namespace {
 
 using bench::registry;
 
-Backend& cpu() {
-  static std::shared_ptr<Backend> b = registry().create<Backend>("cpu", nlohmann::json::object(), "benchmark");
-  return *b;
-}
+Backend& cpu() { return bench::cpu_backend(); }
 
 struct Scheme {
   const char* label;
