@@ -2,6 +2,7 @@
 // JSON, Markdown and HTML (see bench/ and docs/bench_schema.md).
 #include <iostream>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "tessera/bench/bench.h"
 #include "tessera/error.h"
@@ -42,12 +43,17 @@ void bench_cmd(BenchArgs& args) {
   args.options.accuracy = !args.no_accuracy;
   args.options.progress = !args.quiet;
   args.options.command = command_line(g_argc, g_argv);
+  // Servers alone still need a tokenizer for the trace: the default pipeline, with -m when given.
+  if (args.options.pipelines.empty()) args.options.trace_pipeline = resolve_pipeline_path("");
   const bench::BenchOutcome out = bench::run_bench(args.options, registry, std::cerr);
   for (const auto& f : out.files) std::cout << f << "\n";
-  if (out.ran == 0) throw Error("no pipeline ran (see " + out.files.front() + " for why)");
+  if (out.ran == 0) {
+    std::cerr << "error: no pipeline or server ran (see " << out.files.front() << " for why)\n";
+    std::exit(2);
+  }
   if (out.failed > 0) {
     std::cerr << "error: " << out.failed << " of " << out.ran + out.failed
-              << " pipelines failed; the report lists why, and compares the others\n";
+              << " pipelines/servers failed; the report lists why, and compares the others\n";
     std::exit(2);
   }
 }
@@ -64,9 +70,20 @@ void add_bench_command(CLI::App& app) {
   bench::BenchOptions& o = args->options;
   CLI::App* cmd = app.add_subcommand(
       "bench", "Run pipelines on the identical request trace of a workload; report latency, throughput, memory, accuracy");
-  cmd->add_option("--pipelines", o.pipelines, "pipeline YAML files; the first is the reference for ratios")
-      ->required()
-      ->expected(1, -1);
+  auto* pipelines = cmd->add_option("--pipelines", o.pipelines, "pipeline YAML files; the first is the reference for ratios")
+                       ->expected(1, -1);
+  auto* servers = cmd->add_option("--server", o.servers,
+                                  "OpenAI-compatible server URL (repeatable); columns after the pipelines, over streamed "
+                                  "POST /v1/completions");
+  cmd->add_option("--api-key", o.api_key, "bearer token for --server");
+  cmd->add_option("--server-model", o.server_model, "the model field sent to --server (default: its first GET /v1/models); --model is -m, the local GGUF");
+  cmd->add_flag("--server-token-prompts", o.server_token_prompts,
+                "send --server prompts as token ids (exact trace) instead of decoded text");
+  (void)servers;
+  cmd->callback([args, pipelines, servers] {
+    if (pipelines->count() == 0 && servers->count() == 0) throw CLI::RequiredError("--pipelines or --server");
+    bench_cmd(*args);
+  });
   cmd->add_option("--workload", o.workload, "workload YAML (e.g. configs/workloads/chat.yaml)")->required();
   cmd->add_option("--out", o.out_dir, "folder for report.json, report.md and report.html")->required();
   cmd->add_option("-m,--model", o.model, "GGUF model for every pipeline (overrides theirs)");
@@ -81,7 +98,6 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--probe-seconds", o.probe_seconds, "seconds for each machine probe (bandwidth, FMA)")
       ->check(CLI::Range(0.0, 10.0))->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
-  cmd->callback([args] { bench_cmd(*args); });
 }
 
 }  // namespace tessera::cli

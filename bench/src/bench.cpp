@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "tessera/bench/http_runner.h"
 #include "tessera/bench/report.h"
 #include "tessera/bench/runner.h"
 #include "tessera/bench/trace.h"
@@ -131,6 +132,10 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
   for (auto& r : runs) {
     if (!r.ok()) continue;
     json& a = r.accuracy;
+    if (!r.server.empty()) {
+      a["note"] = "n/a over HTTP: perplexity and greedy agreement need the model in-process (see trace_agreement)";
+      continue;
+    }
     a["text"] = text_path.empty() ? json(nullptr) : json(text_path);
     a["ctx"] = o.accuracy_ctx;
     a["scored_tokens"] = have_text ? json(base_ppl.scored_tokens) : json(nullptr);
@@ -185,10 +190,96 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
+// "host:port" of a server URL, made unique among the columns.
+std::string server_name(const std::string& url, const std::vector<PipelineRun>& runs) {
+  std::string name = url.substr(url.find("://") + 3);
+  while (!name.empty() && name.back() == '/') name.pop_back();
+  std::string candidate = name;
+  for (int n = 1;;) {
+    bool clash = false;
+    for (const auto& r : runs) clash = clash || r.name == candidate;
+    if (!clash) return candidate;
+    candidate = name + "-" + std::to_string(++n);
+  }
+}
+
+// Every --server column on the same trace. The prompts are the trace's ids as text, decoded with
+// the tokenizer the trace was drawn with (rebuilt here: the pipelines were destroyed after their
+// runs), or drawn now from the trace pipeline when no pipeline loaded.
+void run_servers(std::vector<PipelineRun>& runs, Trace& trace, bool& have_trace, int32_t& trace_vocab,
+                 const Workload& workload, const BenchOptions& o, const Registry& registry, std::ostream& log) {
+  std::string tok_file = o.trace_pipeline;
+  for (const auto& r : runs) {
+    if (r.ok() && r.server.empty()) {
+      tok_file = r.file;
+      break;
+    }
+  }
+  if (tok_file.empty()) {
+    throw Error("--server needs a tokenizer to draw the trace and decode its prompts: give -m MODEL or a pipeline");
+  }
+  std::unique_ptr<Pipeline> tp;
+  try {
+    tp = build(tok_file, o, registry);
+  } catch (const Error& e) {
+    throw Error(std::string("cannot load the tokenizer for the server runs (") + tok_file + "): " + e.what());
+  }
+  if (!have_trace) {
+    const ModelConfig& mc = tp->model().config();
+    for (const auto& msg : check_context(workload, mc.context_length, "model '" + mc.name + "' (" + tp->model_path() + ")")) {
+      log << "warning: clamping: " << msg << "\n";
+    }
+    trace = make_trace(workload, tp->tokenizer(), mc.context_length);
+    trace_vocab = tp->tokenizer().vocab_size();
+    have_trace = true;
+  }
+  const int n = int(o.servers.size());
+  for (int i = 0; i < n; ++i) {
+    PipelineRun r;
+    r.server = r.file = r.model_path = o.servers[size_t(i)];
+    r.name = server_name(r.server, runs);
+    r.backend = "server";
+    r.greedy = true;  // every request is sent with temperature 0
+    r.weight_formats = "unknown (server)";
+    ProgressBar bar(log, o.progress, "[server " + std::to_string(i + 1) + "/" + std::to_string(n) + " " + r.name + "]");
+    try {
+      ServerTarget t{r.server, o.api_key, o.server_model, o.server_token_prompts};
+      HttpRunResult h = run_trace_http(t, trace, workload, tp->tokenizer(),
+                                       [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+      r.run = std::move(h.run);
+      r.served_model = r.model.name = h.model;
+      r.ignore_eos = h.ignore_eos;
+      r.prompt_token_mismatches = h.prompt_token_mismatches;
+      r.usage_missing = h.usage_missing;
+      r.server_metrics = std::move(h.server_metrics);
+      r.describe = "OpenAI-compatible server " + r.server + " (model '" + h.model + "', " +
+                   (o.server_token_prompts ? "token-id prompts" : "text prompts") + ")";
+    } catch (const std::exception& e) {
+      r.error = e.what();
+      r.failed_stage = "connect";
+    }
+    if (r.error.empty()) {
+      int64_t out_tokens = 0, errors = 0;
+      for (const auto& res : r.run.results) {
+        out_tokens += int64_t(res.tokens.size());
+        errors += res.reason == FinishReason::error;
+      }
+      bar.done(std::to_string(trace.requests.size()) + " requests in " + fixed(r.run.seconds(), 2) + " s, " +
+               fixed(double(out_tokens) / std::max(r.run.seconds(), 1e-9), 0) + " output tok/s" +
+               (errors > 0 ? ", " + std::to_string(errors) + " failed" : ""));
+    } else {
+      bar.done("FAILED (" + r.failed_stage + "): " + r.error);
+    }
+    runs.push_back(std::move(r));
+  }
+}
+
 }  // namespace
 
 BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ostream& log) {
-  if (o.pipelines.empty()) throw Error("no pipelines given (--pipelines A.yaml B.yaml ...)");
+  if (o.pipelines.empty() && o.servers.empty()) {
+    throw Error("no pipelines or servers given (--pipelines A.yaml B.yaml ..., --server URL ...)");
+  }
   const Workload workload = load_workload(o.workload);
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -262,23 +353,25 @@ BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ost
     runs.push_back(std::move(r));
   }
 
+  if (!o.servers.empty()) run_servers(runs, trace, have_trace, trace_vocab, workload, o, registry, log);
+
   const PipelineRun* ref = nullptr;
   for (const auto& r : runs) {
     if (r.ok() && ref == nullptr) ref = &r;
   }
   if (ref != nullptr) {
-    conditions["backend"] = ref->backend;
+    conditions["backend"] = ref->server.empty() ? ref->backend : "n/a (server " + ref->server + ")";
     conditions["model"] = {{"path", ref->model_path},
                            {"name", ref->model.name},
                            {"weights", ref->weight_formats},
-                           {"context", ref->model.context_length}};
+                           {"context", ref->server.empty() ? ref->model.context_length : trace.context}};
     json lengths = json::array();
     for (const auto& c : workload.classes) {
       lengths.push_back({{"class", c.name}, {"prompt", c.prompt.describe()}, {"output", c.output.describe()}});
     }
     conditions["lengths"] = lengths;
     conditions["load"] = workload.arrival.describe();
-    if (o.accuracy) {
+    if (o.accuracy && ref->server.empty()) {
       if (o.progress) log << "accuracy against " << ref->name << " (perplexity, greedy agreement)...\n";
       accuracy_pass(runs, *ref, trace, workload, o, registry, log);
     }

@@ -28,10 +28,12 @@ struct Samples {
     if (r.admitted > 0) queue.push_back(r.admitted - r.submitted);
     if (r.tokens.empty()) return;
     ttft.push_back(r.ttft());
-    if (r.token_times.size() >= 2) {
-      tpot.push_back((r.token_times.back() - r.first_token) / double(r.token_times.size() - 1));
-      for (double gap : r.inter_token_times()) itl.push_back(gap);
+    // Over HTTP token_times has one entry per SSE chunk, which may carry several tokens: TPOT divides
+    // by the token count either way, and ITL is then the gap between chunks.
+    if (r.tokens.size() >= 2 && !r.token_times.empty()) {
+      tpot.push_back((r.token_times.back() - r.first_token) / double(r.tokens.size() - 1));
     }
+    for (double gap : r.inter_token_times()) itl.push_back(gap);
   }
 
   json latency_json() const {
@@ -109,6 +111,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
   if (!run.ok()) return m;
   const RunResult& rr = run.run;
   const double seconds = rr.seconds();
+  const bool http = !run.server.empty();
   m["pipeline"] = run.describe;
   m["backend"] = run.backend;
   m["model"] = {{"path", run.model_path},
@@ -116,7 +119,18 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
                 {"weights", run.weight_formats},
                 {"weight_bytes", run.weight_bytes},
                 {"context", run.model.context_length}};
-  m["build_seconds"] = run.build_seconds;
+  if (http) {
+    m["server"] = {{"url", run.server},
+                   {"model", run.served_model},
+                   {"ignore_eos", run.ignore_eos},
+                   {"prompt_token_mismatches", run.prompt_token_mismatches},
+                   {"usage_missing", run.usage_missing},
+                   {"itl_basis", "chunks"},
+                   {"metrics", run.server_metrics}};
+    m["model"] = {{"path", nullptr}, {"name", run.served_model}, {"weights", nullptr}, {"weight_bytes", nullptr},
+                  {"context", nullptr}};
+  }
+  m["build_seconds"] = http ? json(nullptr) : json(run.build_seconds);
   m["duration_s"] = seconds;
 
   Samples all;
@@ -142,27 +156,45 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
                      {"output_tokens_per_s", nullable(seconds > 0, double(all.output_tokens) / seconds)},
                      {"requests_per_s", nullable(seconds > 0, double(all.count - all.errors) / seconds)},
                      {"prompt_tokens_per_s", nullable(seconds > 0, double(all.prompt_tokens) / seconds)}};
-  m["memory"] = {{"peak_rss_bytes", run.peak_rss},
-                 {"peak_rss_scope", run.peak_rss_per_pipeline ? "pipeline" : "process"},
-                 {"weight_bytes", run.weight_bytes},
-                 {"kv_bytes_total", rr.cache.bytes_total},
-                 {"kv_bytes_peak", rr.kv_bytes_peak},
-                 {"kv_blocks_peak", rr.kv_blocks_peak},
-                 {"kv_blocks_total", rr.cache.blocks_total}};
-  const PrefixStats& p = rr.cache.prefix;
-  m["prefix"] = {{"hit_rate", p.lookups > 0 ? json(p.hit_rate()) : json(nullptr)},
-                 {"lookups", p.lookups},
-                 {"lookup_tokens", p.lookup_tokens},
-                 {"hit_tokens", p.hit_tokens},
-                 {"evictions", p.evictions},
-                 {"cached_prompt_share", all.prefix_share()}};
-  // The speculative decoder does not exist yet; the field is kept so reports keep one shape.
-  m["draft"] = {{"acceptance", nullptr}, {"note", "n/a: no speculative decoder in this pipeline"}};
-  m["engine"] = {{"steps", rr.engine.steps},
-                 {"prefill_tokens", rr.engine.prefill_tokens},
-                 {"decode_tokens", rr.engine.decode_tokens},
-                 {"preemptions", rr.engine.preemptions},
-                 {"peak_running", rr.engine.peak_running}};
+  if (http) {
+    // Memory and engine internals are the server's; a tessera server's /metrics gives some of them.
+    const json& sm = run.server_metrics;
+    auto from = [&sm](const char* k) { return sm.is_object() && sm.contains(k) ? sm[k] : json(nullptr); };
+    m["memory"] = {{"peak_rss_bytes", nullptr}, {"peak_rss_scope", "n/a over HTTP"}, {"weight_bytes", nullptr},
+                   {"kv_bytes_total", nullptr}, {"kv_bytes_peak", nullptr}, {"kv_blocks_peak", nullptr},
+                   {"kv_blocks_total", from("kv_blocks_total")}};
+    m["prefix"] = {{"hit_rate", from("prefix_hit_rate")},
+                   {"lookups", nullptr},
+                   {"lookup_tokens", from("prefix_lookup_tokens")},
+                   {"hit_tokens", from("prefix_hit_tokens")},
+                   {"evictions", from("prefix_evictions")},
+                   {"cached_prompt_share", all.prefix_share()}};
+    m["draft"] = {{"acceptance", nullptr}, {"note", "n/a over HTTP"}};
+    m["engine"] = {{"steps", from("steps")}, {"prefill_tokens", nullptr}, {"decode_tokens", nullptr},
+                   {"preemptions", from("preemptions")}, {"peak_running", nullptr}};
+  } else {
+    m["memory"] = {{"peak_rss_bytes", run.peak_rss},
+                   {"peak_rss_scope", run.peak_rss_per_pipeline ? "pipeline" : "process"},
+                   {"weight_bytes", run.weight_bytes},
+                   {"kv_bytes_total", rr.cache.bytes_total},
+                   {"kv_bytes_peak", rr.kv_bytes_peak},
+                   {"kv_blocks_peak", rr.kv_blocks_peak},
+                   {"kv_blocks_total", rr.cache.blocks_total}};
+    const PrefixStats& p = rr.cache.prefix;
+    m["prefix"] = {{"hit_rate", p.lookups > 0 ? json(p.hit_rate()) : json(nullptr)},
+                   {"lookups", p.lookups},
+                   {"lookup_tokens", p.lookup_tokens},
+                   {"hit_tokens", p.hit_tokens},
+                   {"evictions", p.evictions},
+                   {"cached_prompt_share", all.prefix_share()}};
+    // The speculative decoder does not exist yet; the field is kept so reports keep one shape.
+    m["draft"] = {{"acceptance", nullptr}, {"note", "n/a: no speculative decoder in this pipeline"}};
+    m["engine"] = {{"steps", rr.engine.steps},
+                   {"prefill_tokens", rr.engine.prefill_tokens},
+                   {"decode_tokens", rr.engine.decode_tokens},
+                   {"preemptions", rr.engine.preemptions},
+                   {"peak_running", rr.engine.peak_running}};
+  }
 
   json classes = json::object();
   for (const auto& [name, s] : by_class) {
@@ -196,7 +228,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
   }
 
   // The run as a share of the machine's measured limits.
-  if (seconds > 0) {
+  if (seconds > 0 && !http) {
     const double read_gbs = double(run.weight_bytes) * double(rr.engine.steps) / seconds / 1e9;
     const double gflops =
         linear_flops_per_token(run.model) * double(rr.engine.prefill_tokens + rr.engine.decode_tokens) / seconds / 1e9;
@@ -209,7 +241,25 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
 
   // Greedy outputs on the trace itself, token for token against the reference.
   json acc = run.accuracy;
-  if (reference != nullptr && reference->ok() && run.greedy && reference->greedy) {
+  if (reference != nullptr && reference->ok() && run.greedy && reference->greedy &&
+      (http || !reference->server.empty())) {
+    // Output ids are not known over HTTP: the texts are compared, character for character.
+    int64_t same = 0, compared = 0, common = 0, ref_chars = 0;
+    for (size_t i = 0; i < rr.results.size(); ++i) {
+      const auto& a = rr.results[i];
+      const auto& b = reference->run.results[i];
+      if (a.reason == FinishReason::error || b.reason == FinishReason::error) continue;
+      ++compared;
+      const auto mm = std::mismatch(a.text.begin(), a.text.end(), b.text.begin(), b.text.end());
+      common += int64_t(mm.first - a.text.begin());
+      ref_chars += int64_t(b.text.size());
+      if (a.text == b.text) ++same;
+    }
+    acc["trace_identical_requests"] = same;
+    acc["trace_compared_requests"] = compared;
+    acc["trace_agreement"] = nullable(ref_chars > 0, double(common) / double(ref_chars));
+    acc["trace_agreement_basis"] = "text";
+  } else if (reference != nullptr && reference->ok() && run.greedy && reference->greedy) {
     int64_t same = 0, compared = 0, common = 0, ref_tokens = 0;
     for (size_t i = 0; i < rr.results.size(); ++i) {
       const auto& a = rr.results[i];
@@ -225,6 +275,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
     acc["trace_identical_requests"] = same;
     acc["trace_compared_requests"] = compared;
     acc["trace_agreement"] = nullable(ref_tokens > 0, double(common) / double(ref_tokens));
+    acc["trace_agreement_basis"] = "tokens";
   } else if (!acc.contains("trace_agreement")) {
     acc["trace_agreement"] = nullptr;
     acc["trace_agreement_note"] = "n/a: needs greedy decoding in this pipeline and the reference";

@@ -182,6 +182,8 @@ std::string bar_chart(const std::string& title, const std::string& ylabel, const
 }
 
 double value(const json& v) { return v.is_number() ? v.get<double>() : 0.0; }
+// Bytes as MiB; "n/a" where the column cannot measure it (servers over HTTP).
+std::string mib_or_na(const json& v, int digits) { return v.is_number() ? num(v.get<double>() / 1048576.0, digits) : "n/a"; }
 
 }  // namespace
 
@@ -274,9 +276,9 @@ std::string render_html(const json& r) {
     const json& a = p["accuracy"];
     h << "<tr><td>" << esc(str(p["name"])) << "</td><td>" << numj(p["throughput"]["output_tokens_per_s"], 0) << "</td><td>"
       << numj(p["throughput"]["requests_per_s"], 2) << "</td><td>" << three(l["ttft"]) << "</td><td>" << three(l["tpot"])
-      << "</td><td>" << three(l["e2e"]) << "</td><td>" << num(value(p["memory"]["peak_rss_bytes"]) / 1048576.0, 1)
-      << "</td><td>" << num(value(p["memory"]["kv_bytes_total"]) / 1048576.0, 2) << " / "
-      << num(value(p["memory"]["kv_bytes_peak"]) / 1048576.0, 2) << "</td><td>"
+      << "</td><td>" << three(l["e2e"]) << "</td><td>" << mib_or_na(p["memory"]["peak_rss_bytes"], 1)
+      << "</td><td>" << mib_or_na(p["memory"]["kv_bytes_total"], 2) << " / "
+      << mib_or_na(p["memory"]["kv_bytes_peak"], 2) << "</td><td>"
       << (p["prefix"]["hit_rate"].is_number() ? num(value(p["prefix"]["hit_rate"]) * 100, 1) + "%" : "n/a") << "</td><td>"
       << (p["draft"]["acceptance"].is_number() ? num(value(p["draft"]["acceptance"]) * 100, 1) + "%" : "n/a")
       << "</td><td>" << numj(a.value("perplexity_delta_percent", json()), 2) << "</td><td>"

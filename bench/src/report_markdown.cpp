@@ -19,6 +19,8 @@ std::string num(const json& v, int digits = 1) {
 std::string mib(const json& v) { return v.is_number() ? num(json(v.get<double>() / (1024.0 * 1024.0)), 2) : "n/a"; }
 std::string pct(const json& v) { return v.is_number() ? num(json(v.get<double>() * 100), 1) + "%" : "n/a"; }
 std::string ratio(const json& v) { return v.is_number() ? "x" + num(v, 2) : "n/a"; }
+// An integer figure; "n/a" where a column cannot measure it (servers over HTTP).
+std::string count(const json& v) { return v.is_number() ? std::to_string(v.get<int64_t>()) : "n/a"; }
 std::string str(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 const json& at(const json& j, std::initializer_list<const char*> path) {
   static const json null_value;
@@ -170,11 +172,9 @@ std::string render_markdown(const json& r) {
     const json& e = p["engine"];
     const json& s = at(p, {"machine_share"});
     row(out, {str(p["name"]), mib(p["memory"]["weight_bytes"]), str(p["memory"]["peak_rss_scope"]),
-              std::to_string(p["memory"]["kv_blocks_peak"].get<int64_t>()) + "/" +
-                  std::to_string(p["memory"]["kv_blocks_total"].get<int64_t>()),
-              std::to_string(e["steps"].get<int64_t>()), std::to_string(e["prefill_tokens"].get<int64_t>()),
-              std::to_string(e["decode_tokens"].get<int64_t>()), std::to_string(e["preemptions"].get<int64_t>()),
-              std::to_string(e["peak_running"].get<int64_t>()),
+              count(p["memory"]["kv_blocks_peak"]) + "/" + count(p["memory"]["kv_blocks_total"]),
+              count(e["steps"]), count(e["prefill_tokens"]), count(e["decode_tokens"]), count(e["preemptions"]),
+              count(e["peak_running"]),
               num(at(s, {"weight_read_gbs"}), 2) + " (" + pct(at(s, {"of_bandwidth"})) + ")",
               num(at(s, {"linear_gflops"}), 2) + " (" + pct(at(s, {"of_fma_peak"})) + ")"});
   }

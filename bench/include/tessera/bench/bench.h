@@ -17,6 +17,14 @@ namespace tessera::bench {
 
 struct BenchOptions {
   std::vector<std::string> pipelines;  // YAML files; the first is the reference
+  // OpenAI-compatible servers, columns after the pipelines (the first is the reference when there
+  // are no pipelines). Their prompts are the trace's ids decoded with the tokenizer of the first
+  // pipeline, or of `trace_pipeline` (with -m) when there are none.
+  std::vector<std::string> servers;
+  std::string api_key;
+  std::string server_model;        // the `model` field; empty = the server's first model
+  bool server_token_prompts = false;  // send token ids instead of text
+  std::string trace_pipeline;      // pipeline YAML for the tokenizer when only servers are given
   std::string workload;                // YAML file
   std::string out_dir;
   std::string model;    // -m: overrides every pipeline's model

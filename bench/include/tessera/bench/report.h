@@ -33,6 +33,14 @@ struct PipelineRun {
   bool peak_rss_per_pipeline = false;  // the peak was reset before this pipeline was built
   RunResult run;
   nlohmann::json accuracy = nlohmann::json::object();  // eval-path figures (filled by the caller)
+  // A column run over HTTP (`--server URL`): the URL, and what only HTTP runs have. Output token
+  // ids are unknown there (tokens hold -1s), so agreement is by text.
+  std::string server;
+  std::string served_model;
+  bool ignore_eos = false;
+  int64_t prompt_token_mismatches = 0;
+  int64_t usage_missing = 0;
+  nlohmann::json server_metrics;  // from a tessera server's /metrics, else null
   bool ok() const { return error.empty() || failed_stage == "accuracy"; }
 };
 
