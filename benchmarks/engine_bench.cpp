@@ -8,12 +8,16 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "tessera/engine.h"
 #include "tessera/pipeline.h"
 #include "bench_registry.h"
+#include "tessera/error.h"
 #include "tessera/registry.h"
 
 namespace tessera {
@@ -238,6 +242,226 @@ void BM_Speculative(benchmark::State& state) {
   state.SetLabel(name + ", stories260K f32, greedy, 1 request at a time, 20 x 96 tokens, window 4");
 }
 BENCHMARK(BM_Speculative)->DenseRange(0, 4)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// The golden prompts (/work/shared/golden/stories260K-f32.greedy96.json) with their plain greedy
+// continuations: the speculative runs below must reproduce them token for token.
+struct GoldenCase {
+  std::vector<int32_t> prompt, completion;
+};
+
+const std::vector<GoldenCase>& golden_cases() {
+  static const std::vector<GoldenCase> cases = [] {
+    std::ifstream in(TESSERA_SOURCE_DIR "/../shared/golden/stories260K-f32.greedy96.json");
+    if (!in) throw Error("golden file stories260K-f32.greedy96.json not found under shared/golden");
+    std::vector<GoldenCase> out;
+    for (const auto& g : nlohmann::json::parse(in)) {
+      out.push_back({g.at("prompt_token_ids").get<std::vector<int32_t>>(),
+                     g.at("completion_token_ids").get<std::vector<int32_t>>()});
+    }
+    return out;
+  }();
+  return cases;
+}
+
+// One pass over the golden prompts, one request at a time, greedy: decode time (first token to
+// last), decoded tokens, speculation counters, and whether every output equals the golden one.
+struct GoldenPass {
+  double seconds = 0;
+  int64_t decoded = 0;
+  SpeculationStats spec;
+  bool identical = true;
+  double tok_per_s() const { return double(decoded) / seconds; }
+};
+
+GoldenPass golden_pass(Pipeline& p) {
+  GoldenPass pass;
+  for (const GoldenCase& g : golden_cases()) {
+    Engine engine(p);
+    GenerationRequest req;
+    req.prompt = g.prompt;
+    req.max_tokens = int64_t(g.completion.size());
+    req.ignore_eos = true;
+    engine.submit(req);
+    engine.run_until_idle();
+    const auto r = engine.take_finished().at(0);
+    pass.seconds += r.finished - r.first_token;
+    pass.decoded += int64_t(r.tokens.size()) - 1;
+    pass.identical = pass.identical && r.tokens == g.completion;
+    const SpeculationStats s = engine.stats().speculation;
+    pass.spec.proposed += s.proposed;
+    pass.spec.accepted += s.accepted;
+    pass.spec.verifications += s.verifications;
+    pass.spec.draft_seconds += s.draft_seconds;
+    pass.spec.step_seconds += s.step_seconds;
+  }
+  return pass;
+}
+
+std::unique_ptr<Pipeline> golden_pipeline(const nlohmann::json& decoder) {
+  return pipeline(TESSERA_SOURCE_DIR "/../shared/models/stories260K/stories260K-f32.gguf",
+                  {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "64MiB"}}},
+                   {"scheduler", {{"plugin", "continuous"}, {"max_seqs", 8}}},
+                   {"decoder", decoder}});
+}
+
+nlohmann::json proposer_decoder(const std::string& name) {
+  const std::string dir = TESSERA_SOURCE_DIR "/../shared/models/stories260K/";
+  nlohmann::json d = {{"plugin", "speculative"}, {"proposer", name}};
+  if (name == "layer_skip") d["layers"] = 2;
+  if (name == "draft_model") d["draft_model"] = dir + "stories260K-q8_0.gguf";
+  if (name == "self_quantized") d["draft_quantizer"] = "int4";
+  return d;
+}
+
+// Plain and speculative passes alternate `repeats` times and each keeps its fastest pass, so that
+// both see the same (shared, noisy) machine.
+std::pair<GoldenPass, GoldenPass> best_of(Pipeline& plain, Pipeline& spec, int repeats) {
+  GoldenPass best_plain, best_spec;
+  best_plain.seconds = best_spec.seconds = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    GoldenPass a = golden_pass(plain);
+    GoldenPass b = golden_pass(spec);
+    b.identical = b.identical && a.identical;
+    if (a.seconds < best_plain.seconds) best_plain = a;
+    if (b.seconds < best_spec.seconds || !b.identical) best_spec = b;
+    if (!b.identical) break;
+  }
+  return {best_plain, best_spec};
+}
+
+// The draft-length curve: window k = 1..10 (fixed, not adaptive) per proposer on the golden prompts,
+// against plain greedy decoding measured in the same run; prints one row per k and the best point.
+// Arg: 0 ngram, 1 layer_skip (2 of 5 layers), 2 draft_model (the Q8_0 file), 3 self_quantized (int4).
+void BM_SpeculativeSweep(benchmark::State& state) {
+  static const char* kNames[] = {"ngram", "layer_skip", "draft_model", "self_quantized"};
+  const std::string name = kNames[state.range(0)];
+  const auto plain = golden_pipeline({{"plugin", "sampling"}});
+  constexpr int kRepeats = 3;
+  for (auto _ : state) {
+    std::printf("\n%s: stories260K f32 target, greedy, golden prompts x 96 tokens, 1 request at a time, best of %d\n",
+                name.c_str(), kRepeats);
+    std::printf("%3s %12s %12s %8s %10s %13s %11s %9s\n", "k", "plain tok/s", "spec tok/s", "speedup", "acceptance",
+                "mean accepted", "draft share", "identical");
+    double best_speedup = 0, total = 0;
+    int64_t best_k = 0;
+    bool identical = true;
+    for (int64_t k = 1; k <= 10; ++k) {
+      nlohmann::json d = proposer_decoder(name);
+      d["window"] = k;
+      const auto spec = golden_pipeline(d);
+      const auto [a, b] = best_of(*plain, *spec, kRepeats);
+      const double speedup = b.tok_per_s() / a.tok_per_s();
+      total += a.seconds + b.seconds;
+      identical = identical && b.identical;
+      std::printf("%3lld %12.0f %12.0f %7.2fx %10.3f %13.2f %11.2f %9s\n", (long long)k, a.tok_per_s(), b.tok_per_s(),
+                  speedup, b.spec.acceptance_rate(), b.spec.mean_accepted_length(), b.spec.draft_time_share(),
+                  b.identical ? "yes" : "NO");
+      if (speedup > best_speedup) best_speedup = speedup, best_k = k;
+    }
+    std::printf("best: k=%lld, %.2fx\n", (long long)best_k, best_speedup);
+    std::fflush(stdout);
+    if (!identical) state.SkipWithError("speculative output differs from plain greedy decoding");
+    state.SetIterationTime(total);
+    state.counters["best_k"] = double(best_k);
+    state.counters["best_speedup"] = best_speedup;
+  }
+  state.SetLabel(name + ", k = 1..10");
+}
+BENCHMARK(BM_SpeculativeSweep)->DenseRange(0, 3)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// A deliberately bad draft: layer_skip with 1 of the 5 layers (its drafts almost never match), with
+// a fixed window against the adaptive window, each against plain decoding in the same run.
+// Arg: 0 fixed window 4, 1 adaptive (window 4 at the start).
+void BM_SpeculativeBadDraft(benchmark::State& state) {
+  const bool adaptive = state.range(0) == 1;
+  const auto plain = golden_pipeline({{"plugin", "sampling"}});
+  const auto spec = golden_pipeline({{"plugin", "speculative"}, {"proposer", "layer_skip"}, {"layers", 1},
+                                     {"window", 4}, {"adaptive", adaptive}});
+  // Plain and speculative passes alternate; the median of the per-round ratios is robust to a
+  // neighbour's load burst hitting one pass.
+  constexpr int kRounds = 15;
+  for (auto _ : state) {
+    std::vector<double> ratios;
+    GoldenPass a, b;
+    double seconds = 0;
+    bool identical = true;
+    for (int i = 0; i < kRounds; ++i) {
+      a = golden_pass(*plain);
+      b = golden_pass(*spec);
+      identical = identical && a.identical && b.identical;
+      ratios.push_back(b.tok_per_s() / a.tok_per_s());
+      seconds += b.seconds;
+    }
+    if (!identical) state.SkipWithError("speculative output differs from plain greedy decoding");
+    state.SetIterationTime(seconds / kRounds);
+    state.counters["slowdown_pct_median"] = (1 - percentile(ratios, 0.5)) * 100;
+    state.counters["slowdown_pct_p25"] = (1 - percentile(ratios, 0.75)) * 100;
+    state.counters["slowdown_pct_p75"] = (1 - percentile(ratios, 0.25)) * 100;
+    state.counters["acceptance"] = b.spec.acceptance_rate();
+    state.counters["verifications"] = double(b.spec.verifications);
+    state.counters["proposed"] = double(b.spec.proposed);
+  }
+  state.SetLabel(std::string("layer_skip 1 of 5 layers, ") + (adaptive ? "adaptive" : "fixed") +
+                 " window 4, golden prompts, median of 15 alternating rounds");
+}
+BENCHMARK(BM_SpeculativeBadDraft)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// Cost of one target forward with T = 1..11 tokens (a k+1-token verification for k = T-1) at
+// position 100 of one sequence, logits for every row, relative to T = 1: the price of checking k
+// drafts, which the accepted length has to beat. Model::forward only (no engine, no decoder).
+// TESSERA_BENCH_VERIFY_MODEL swaps the model (e.g. `tessera synth --preset 110m`), to show where
+// the weights no longer fit in cache and a forward's cost stops growing with T.
+void BM_VerifyForward(benchmark::State& state) {
+  const std::string model =
+      env_or("TESSERA_BENCH_VERIFY_MODEL", TESSERA_SOURCE_DIR "/../shared/models/stories260K/stories260K-f32.gguf");
+  const auto p = pipeline(model, {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", "256MiB"}}}});
+  const int64_t vocab = p->model().config().vocab;
+  std::mt19937_64 rng(9);
+  const auto tokens = random_prompt(rng, 112, vocab);
+  CacheRequest req{1, int64_t(tokens.size()), tokens, "default", false};
+  auto plan = p->cache().plan(std::span<const CacheRequest>(&req, 1));
+  if (!plan) throw Error("BM_VerifyForward: no cache room");
+  p->cache().commit(*plan);
+  std::vector<float> logits;
+  ForwardSeq prefill{1, std::span<const int32_t>(tokens).first(100), 0, 1};
+  p->model().forward(std::span<const ForwardSeq>(&prefill, 1), p->attention(), p->cache(), logits);
+  p->cache().mark_computed(1, 100);
+  auto forward = [&](int64_t t) {
+    ForwardSeq fs{1, std::span<const int32_t>(tokens).subspan(100, size_t(t)), 100, t};
+    p->model().forward(std::span<const ForwardSeq>(&fs, 1), p->attention(), p->cache(), logits);
+  };
+  // Repetitions for ~50 ms a round; the fastest of 5 rounds counts (the machine is shared).
+  const auto t0 = std::chrono::steady_clock::now();
+  forward(1);
+  const double probe = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int reps = std::max(3, int(0.05 / std::max(probe, 1e-6)));
+  auto time_t = [&](int64_t t) {
+    double best = 1e30;
+    for (int round = 0; round < 5; ++round) {
+      const auto a = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) forward(t);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() / reps);
+    }
+    return best;
+  };
+  for (auto _ : state) {
+    const double one = time_t(1);
+    std::printf("\nModel::forward at position 100, %s, best of 5 x %d\n%3s %10s %9s\n",
+                p->model().config().name.c_str(), reps, "T", "us", "vs T=1");
+    double total = one;
+    for (int64_t t = 1; t <= 11; ++t) {
+      const double s = t == 1 ? one : time_t(t);
+      total += s;
+      std::printf("%3lld %10.1f %8.2fx\n", (long long)t, s * 1e6, s / one);
+      if (t == 5) state.counters["t5_vs_t1"] = s / one;
+    }
+    std::fflush(stdout);
+    state.SetIterationTime(total);
+    state.counters["t1_us"] = one * 1e6;
+  }
+  state.SetLabel(p->model().config().name + " " + p->model().weight_formats());
+}
+BENCHMARK(BM_VerifyForward)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // TTFT of chat-like turns that repeat a long prefix (a system prompt or document): each request is
 // the same prefix plus 16 new tokens, sent after the previous one finished, with paged (recomputes

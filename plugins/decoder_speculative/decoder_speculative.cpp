@@ -8,8 +8,10 @@
 // follows the accepted drafts (the correction, or a bonus when all were accepted).
 //
 // Adaptive window (adaptive: true): per sequence, grow by one after a fully accepted window (up to
-// max_window), shrink by one when fewer than half were accepted, and stop speculating for a sequence
-// whose mean acceptance falls below min_acceptance.
+// max_window), shrink by one when fewer than half were accepted and halve when none was, and stop
+// speculating for a sequence whose mean acceptance falls below min_acceptance (after 4
+// verifications), or at once when its first 2 verifications accepted nothing. Once drafts proved
+// useless across sequences, new sequences start probing with a window of 1.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -57,7 +59,7 @@ class SpeculativeDecoder final : public Decoder, public Speculator {
 
   int64_t lookahead(SeqId seq) const override {
     auto it = state_.find(seq);
-    if (it == state_.end()) return window_;
+    if (it == state_.end()) return start_window();
     return it->second.off ? 0 : it->second.window;
   }
 
@@ -145,22 +147,41 @@ class SpeculativeDecoder final : public Decoder, public Speculator {
   void adapt(SeqId seq, int64_t proposed, int64_t accepted) {
     auto [it, fresh] = state_.try_emplace(seq);
     SeqState& s = it->second;
-    if (fresh) s.window = window_;
+    if (fresh) s.window = start_window();
     ++s.verifications;
     s.proposed += proposed;
     s.accepted += accepted;
+    total_proposed_ += proposed;
+    total_accepted_ += accepted;
     if (!adaptive_) return;
     if (accepted == proposed) {
       s.window = std::min(max_window_, s.window + 1);
+    } else if (accepted == 0) {
+      // Nothing accepted: halve, so that a useless draft stops costing a wide verification soon.
+      s.window = std::max<int64_t>(1, s.window / 2);
     } else if (2 * accepted < proposed) {
       s.window = std::max<int64_t>(1, s.window - 1);
     }
-    // A few verifications first, so that one unlucky step does not end speculation.
+    // A draft that has not matched once in two verifications is off at once (each wasted step costs
+    // about one more target forward: BM_SpeculativeBadDraft); otherwise a few verifications first,
+    // so that one unlucky step does not end speculation.
+    if (s.verifications >= 2 && s.accepted == 0) s.off = true;
     if (s.verifications >= 4 && double(s.accepted) < min_acceptance_ * double(s.proposed)) s.off = true;
+  }
+
+  // Adaptive: once the drafts have proved useless across sequences (acceptance below min_acceptance
+  // over 16+ drafts), a new sequence probes with one draft per step instead of `window`; a good draft
+  // grows back by one per fully accepted step.
+  int64_t start_window() const {
+    if (adaptive_ && total_proposed_ >= 16 && double(total_accepted_) < min_acceptance_ * double(total_proposed_)) {
+      return 1;
+    }
+    return window_;
   }
 
   SamplingParams defaults_;
   std::string kind_;
+  int64_t total_proposed_ = 0, total_accepted_ = 0;
   int64_t window_;
   bool adaptive_;
   int64_t max_window_;
@@ -188,7 +209,8 @@ void register_speculative(Registrar& r) {
        {}},
       {"max_window", ParamType::integer, 8, "largest window when adaptive", {}},
       {"min_acceptance", ParamType::number, 0.1,
-       "adaptive: stop speculating for a sequence whose acceptance rate falls below this (after 4 verifications)",
+       "adaptive: stop speculating for a sequence whose acceptance rate falls below this (after 4 verifications; "
+       "after 2 when nothing was accepted)",
        {}},
       {"ngram_max", ParamType::integer, 3, "ngram: longest suffix to look up", {}},
       {"ngram_min", ParamType::integer, 1, "ngram: shortest suffix to look up", {}},

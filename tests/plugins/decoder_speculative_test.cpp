@@ -301,16 +301,21 @@ TEST(SpeculativeAdaptiveWindow, ShrinksOnRejectionGrowsOnAcceptanceAndTurnsOff) 
   verify(7, {0, 0, 0, 0, 0});
   EXPECT_EQ(spec->lookahead(7), 5);  // capped at max_window
   EXPECT_EQ(verify(8, {1, 0, 0}), (std::vector<int32_t>{0}));
-  EXPECT_EQ(spec->lookahead(8), 2);
-  verify(8, {1, 0});
-  EXPECT_EQ(spec->lookahead(8), 1);
-  verify(8, {1});
-  EXPECT_EQ(spec->lookahead(8), 1);
-  verify(8, {1});  // four verifications, nothing accepted: speculation off for this sequence
+  EXPECT_EQ(spec->lookahead(8), 1);  // nothing accepted: halved
+  verify(8, {1});                    // two verifications, nothing ever accepted: speculation off
   EXPECT_EQ(spec->lookahead(8), 0);
   EXPECT_EQ(spec->lookahead(7), 5);  // the other sequence is unaffected
   spec->release(8);
   EXPECT_EQ(spec->lookahead(8), 3);
+  // Some acceptance, but below min_acceptance (0.3): off after four verifications.
+  EXPECT_EQ(verify(9, {0, 1, 0}), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(spec->lookahead(9), 2);  // fewer than half accepted: one less
+  verify(9, {1, 0});
+  EXPECT_EQ(spec->lookahead(9), 1);
+  verify(9, {1});
+  EXPECT_EQ(spec->lookahead(9), 1);  // 1 of 6 accepted, but only three verifications
+  verify(9, {1});
+  EXPECT_EQ(spec->lookahead(9), 0);
 }
 
 }  // namespace
