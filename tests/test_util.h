@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/device_buffer.h"
+#include "tessera/engine.h"
 #include "tessera/pipeline.h"
 #include "tessera/registry.h"
 
@@ -120,6 +121,27 @@ inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
     spec.components[kind] = c;
   }
   return Pipeline::build(spec, plugins());
+}
+
+// The result of `req` run in a fresh engine beside `companions` (same batch, same steps): with
+// per-request seeds, it must not depend on them.
+inline GenerationResult run_beside(Pipeline& p, const GenerationRequest& req,
+                                   const std::vector<GenerationRequest>& companions = {}) {
+  Engine engine(p);
+  const RequestId id = engine.submit(req);
+  for (const GenerationRequest& other : companions) engine.submit(other);
+  engine.run_until_idle();
+  for (auto& r : engine.take_finished()) {
+    if (r.id == id) return r;
+  }
+  throw Error("run_beside: the request did not finish");
+}
+
+// `n` copies of `req` with seeds seed, seed + 1, ...
+inline std::vector<GenerationRequest> reseeded(const GenerationRequest& req, int n, uint64_t seed) {
+  std::vector<GenerationRequest> out(size_t(n), req);
+  for (int i = 0; i < n; ++i) out[size_t(i)].sampling->seed = seed + uint64_t(i);
+  return out;
 }
 
 }  // namespace tessera::test

@@ -187,23 +187,15 @@ TEST(EngineSampling, SeededSamplingWithPenaltiesAndLogprobsIsBatchIndependent) {
   s.logprobs = 2;
   s.seed = 7;
   auto run = [&](int companions) {
-    Engine engine(*p);
     GenerationRequest req;
     req.prompt = p->tokenizer().encode("Lily and Ben", true);
     req.max_tokens = 30;
     req.sampling = s;
-    const RequestId id = engine.submit(req);
+    auto others = test::reseeded(req, companions, 100);
     for (int i = 0; i < companions; ++i) {
-      GenerationRequest other = req;
-      other.sampling->seed = 100 + i;
-      other.prompt = p->tokenizer().encode(i % 2 ? "Once upon a time" : "The cat", true);
-      engine.submit(other);
+      others[size_t(i)].prompt = p->tokenizer().encode(i % 2 ? "Once upon a time" : "The cat", true);
     }
-    engine.run_until_idle();
-    for (auto& r : engine.take_finished()) {
-      if (r.id == id) return r;
-    }
-    return GenerationResult{};
+    return test::run_beside(*p, req, others);
   };
   const GenerationResult alone = run(0);
   const GenerationResult batched = run(3);

@@ -105,22 +105,11 @@ TEST(Engine, SameSeedSameOutputWhateverTheBatch) {
   s.top_p = 0.95;
   s.seed = 42;
   auto run = [&](int companions) {
-    Engine engine(*p);
     GenerationRequest req;
     req.prompt = p->tokenizer().encode("Tom and his dog went to the park", true);
     req.max_tokens = 40;
     req.sampling = s;
-    const RequestId id = engine.submit(req);
-    for (int i = 0; i < companions; ++i) {
-      GenerationRequest other = req;
-      other.sampling->seed = 1000 + i;
-      engine.submit(other);
-    }
-    engine.run_until_idle();
-    for (auto& r : engine.take_finished()) {
-      if (r.id == id) return r.tokens;
-    }
-    return std::vector<int32_t>{};
+    return test::run_beside(*p, req, test::reseeded(req, companions, 1000)).tokens;
   };
   const auto alone = run(0);
   EXPECT_EQ(alone.size(), 40u);

@@ -124,22 +124,11 @@ TEST(Speculative, SeededSamplingIsBatchIndependentAndCancellationFreesEverything
     s.top_k = 20;
     s.seed = 11;
     auto run = [&](int companions) {
-      Engine engine(*p);
       GenerationRequest req;
       req.prompt = p->tokenizer().encode("Lily and Ben", true);
       req.max_tokens = 40;
       req.sampling = s;
-      const RequestId id = engine.submit(req);
-      for (int i = 0; i < companions; ++i) {
-        GenerationRequest other = req;
-        other.sampling->seed = 50 + i;
-        engine.submit(other);
-      }
-      engine.run_until_idle();
-      for (auto& r : engine.take_finished()) {
-        if (r.id == id) return r.tokens;
-      }
-      return std::vector<int32_t>{};
+      return test::run_beside(*p, req, test::reseeded(req, companions, 50)).tokens;
     };
     const auto alone = run(0);
     EXPECT_EQ(alone.size(), 40u) << name;
