@@ -2,7 +2,10 @@
 #pragma once
 
 #include <stdlib.h>
+#include <sys/wait.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -121,6 +124,27 @@ inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
     spec.components[kind] = c;
   }
   return Pipeline::build(spec, plugins());
+}
+
+// What a `tessera` command printed (stdout and stderr together) and its exit status.
+struct Output {
+  int status = -1;
+  std::string text;
+};
+
+// Runs the built `tessera` with `args` from the source tree, so that pipelines/ and their relative
+// model paths resolve.
+inline Output tessera_cmd(const std::string& args) {
+  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1";
+  Output out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
+  const int status = pclose(pipe);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
 }
 
 // The result of `req` run in a fresh engine beside `companions` (same batch, same steps): with

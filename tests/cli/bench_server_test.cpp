@@ -13,23 +13,8 @@ namespace {
 
 using nlohmann::json;
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
-
-Output tessera_cmd(const std::string& args) {
-  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1";
-  Output out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
-  const int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using test::Output;
+using test::tessera_cmd;
 
 json read_report(const std::string& dir) {
   std::ifstream in(dir + "/report.json");

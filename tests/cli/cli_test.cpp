@@ -15,24 +15,8 @@
 namespace tessera {
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string text;  // stdout and stderr together
-};
-
-Output tessera_cmd(const std::string& args) {
-  // Run from the source tree so that pipelines/default.yaml and its relative model path resolve.
-  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1";
-  Output out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
-  const int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using test::Output;
+using test::tessera_cmd;
 
 TEST(Cli, RunJsonGivesTokensTextAndTimingsPerPrompt) {
   const Output o = tessera_cmd("run --format json -n 12 --prompt 'Once upon a time' --prompt 'Lily and Ben'");

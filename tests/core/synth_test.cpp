@@ -632,23 +632,8 @@ TEST(Synth, WeightsHaveTheIntendedScale) {
 
 // ---------------------------------------------------------------- the command
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
-
-Output tessera_cmd(const std::string& args) {
-  const std::string cmd = "'" TESSERA_BINARY "' " + args + " 2>&1";
-  Output out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
-  const int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
+using test::Output;
+using test::tessera_cmd;
 
 TEST(SynthCommand, WritesAModelAndPrintsASummary) {
   TempDir dir;
