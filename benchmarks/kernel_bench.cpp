@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -83,6 +84,47 @@ void gemm_args(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Decode's real regime: GEMV (m = 1) over weights that do not fit in the caches. Enough
+// 2048x768 matrices to fill ~160 MB of this scheme's bytes, walked in turn as a model's layers
+// are, so each call streams its weights from memory. weight_GB/s over BM_MemoryReadBandwidth is
+// the kernel's share of the decode roofline.
+void BM_GemvStream(benchmark::State& state) {
+  const Scheme& scheme = schemes()[size_t(state.range(0))];
+  const int64_t n = 2048, k = 768;
+  if (registry().find(ComponentKind::quantizer, scheme.quantizer) == nullptr) {
+    state.SkipWithError((std::string("quantizer plugin '") + scheme.quantizer + "' is not built").c_str());
+    return;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(size_t(n * k));
+  for (auto& v : w) v = dist(rng);
+  const size_t row_bytes = dtype_row_bytes(scheme.source, k);
+  std::vector<uint8_t> stored(row_bytes * size_t(n));
+  for (int64_t r = 0; r < n; ++r) quantize_row(scheme.source, w.data() + r * k, stored.data() + size_t(r) * row_bytes, k);
+  auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
+  std::vector<std::unique_ptr<Linear>> linears;
+  size_t total = 0;
+  while (total < (size_t(160) << 20)) {
+    linears.push_back(quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k}));
+    total += linears.back()->resident_bytes();
+  }
+  DeviceBuffer x(cpu(), size_t(k) * 4), y(cpu(), size_t(n) * 4);
+  std::vector<float> xs(static_cast<size_t>(k));
+  for (auto& v : xs) v = dist(rng) * 20;
+  x.upload(xs.data(), xs.size() * 4);
+  for (auto _ : state) {
+    for (auto& linear : linears) linear->forward(x.as<float>(), 1, y.as<float>());
+    benchmark::ClobberMemory();
+  }
+  const double iters = double(state.iterations());
+  state.counters["weight_GB"] = benchmark::Counter(double(total) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["matrices"] = double(linears.size());
+  state.SetLabel(std::string(scheme.label) + " (" + linears.front()->format() + ", " +
+                 std::to_string(omp_get_max_threads()) + " threads)");
+}
+BENCHMARK(BM_GemvStream)->DenseRange(0, 5)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Read bandwidth over a buffer far larger than the caches, all threads (the same pass that
 // `tessera bench` times for its conditions block).

@@ -111,10 +111,14 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   // Split work into (sequence, kv head, query chunk) tasks of similar size.
   thread_local std::vector<Task> tasks;
   tasks.clear();
-  int64_t work = 0;
-  for (int64_t si = 0; si < a.n_seqs; ++si) work += int64_t(a.seqs[si].q_len) * a.seqs[si].context_len;
+  int64_t work = 0, kv_read = 0;
+  for (int64_t si = 0; si < a.n_seqs; ++si) {
+    work += int64_t(a.seqs[si].q_len) * a.seqs[si].context_len;
+    kv_read += a.seqs[si].context_len;
+  }
   work *= a.n_heads * kv.head_dim;
-  const int threads = work > kParallelWork ? omp_get_max_threads() : 1;
+  kv_read *= 2 * kv.n_kv_heads * kv.head_dim * int64_t(sizeof(float));
+  const int threads = work > kParallelWork || kv_read > kParallelStreamBytes ? omp_get_max_threads() : 1;
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
     const int64_t chunk = std::max<int64_t>(1, (s.q_len + threads - 1) / threads);

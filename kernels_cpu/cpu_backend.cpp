@@ -79,6 +79,7 @@ class CpuBackend final : public Backend {
     cpu::embedding(table, ids, n, out);
   }
   void gemm(const float* x, int64_t m, const WeightView& w, float* y) override { cpu::gemm(x, m, w, y); }
+  void prepare_weight(WeightView& w) override { cpu::prepare_weight(w); }
   void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
     cpu::rms_norm(x, weight, out, rows, dim, eps);
   }

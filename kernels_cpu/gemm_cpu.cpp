@@ -151,6 +151,10 @@ bool gemm_supports(DType dtype) {
   }
 }
 
+void prepare_weight(WeightView& w) {
+  if (w.dtype == DType::I8) prepare_weight_i8(w);
+}
+
 void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   if (!gemm_supports(w.dtype)) {
     throw Error("cpu gemm does not support " + std::string(dtype_name(w.dtype)) + " weights");

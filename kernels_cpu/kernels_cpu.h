@@ -12,6 +12,9 @@ namespace tessera::cpu {
 // Forking a team costs microseconds on an idle machine but a whole scheduler time slice when the
 // cores are shared, so small ops never fork.
 inline constexpr int64_t kParallelWork = int64_t(1) << 20;
+// Decode's GEMVs and attention stream weights or KV from memory, where one core reaches about
+// half of the machine's bandwidth: they fork from this many bytes read, even when the work is small.
+inline constexpr int64_t kParallelStreamBytes = int64_t(256) << 10;
 
 bool has_avx2();
 
@@ -21,6 +24,9 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y);
 // group-wise int4 unpacked in registers.
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y);
 void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
+// Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
+void prepare_weight(WeightView& w);
+void prepare_weight_i8(WeightView& w);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

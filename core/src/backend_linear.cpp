@@ -9,7 +9,9 @@ namespace tessera {
 
 BackendLinear::BackendLinear(Backend& backend, DeviceBuffer data, WeightView view, std::string format,
                              DeviceBuffer extra)
-    : backend_(backend), data_(std::move(data)), extra_(std::move(extra)), view_(view), format_(std::move(format)) {}
+    : backend_(backend), data_(std::move(data)), extra_(std::move(extra)), view_(view), format_(std::move(format)) {
+  backend_.prepare_weight(view_);
+}
 
 void BackendLinear::forward(const float* x, int64_t m, float* y) { backend_.gemm(x, m, view_, y); }
 

@@ -117,6 +117,11 @@ class Backend {
   virtual void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) = 0;
   // y[m][n] = x[m][k] · W[n][k]ᵀ
   virtual void gemm(const float* x, int64_t m, const WeightView& w, float* y) = 0;
+  // Called once for each weight a Linear owns, after it was written to the device row-major: the
+  // backend may rearrange the bytes in place (same size) into the layout its gemm streams fastest
+  // and mark `w` (kernel_variant bits it owns) so that gemm knows. Only gemm ever sees such a view;
+  // embedding tables are never prepared. The default leaves the weight as it is.
+  virtual void prepare_weight(WeightView& w) { (void)w; }
   virtual void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                         float eps) = 0;
   // In place on x[rows][n_heads * head_dim]; row r rotates by positions[r].
