@@ -80,6 +80,7 @@ void gemm_args(benchmark::internal::Benchmark* b) {
     for (int64_t m : {1, 128}) {
       b->Args({s, m, 768, 768});
       b->Args({s, m, 2048, 768});
+      b->Args({s, m, 768, 2048});
     }
   }
 }

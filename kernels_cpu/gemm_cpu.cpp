@@ -152,6 +152,7 @@ bool gemm_supports(DType dtype) {
 }
 
 void prepare_weight(WeightView& w) {
+  if (w.dtype == DType::F32) prepare_weight_f32(w);
   if (w.dtype == DType::I8) prepare_weight_i8(w);
 }
 
@@ -161,6 +162,18 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   }
   if (w.dtype == DType::I8) return gemm_i8(x, m, w, y);
   if (w.dtype == DType::I4) return gemm_i4(x, m, w, y);
+  if (m <= 0) return;
+  if (w.dtype == DType::F32) {
+    // Packed panels first; the rows after the last full panel are row-major (few, one thread).
+    const int64_t done = gemm_f32_panels(x, m, w, y);
+    if (done > 0) {
+      if (done < w.rows) {
+        thread_local std::vector<float> unused;
+        gemm_rows(x, m, w, y, done, w.rows, unused);
+      }
+      return;
+    }
+  }
   const int64_t n = w.rows;
   const int64_t work = m * n * w.cols;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;

@@ -8,12 +8,9 @@
 //   2  the scalar reference, whatever the CPU (for tests and comparisons)
 // All quantize x the same way and accumulate exactly in int32, so they agree to the last bit.
 //
-// prepare_weight() packs the default variant's weights (flag kPackedTiles in kernel_variant): each
-// full tile of four rows is stored as its 32-byte column chunks interleaved (row 0 chunk 0, row 1
-// chunk 0, ..., row 3 chunk 0, row 0 chunk 1, ...), then the four rows' leftover k % 32 bytes.
-// Decode reads weights once from memory, and one sequential stream per thread (with a software
-// prefetch ahead of it) is what lets it run at memory speed; four rows read side by side ran at
-// half of it. A last tile of fewer than four rows stays row-major.
+// prepare_weight() packs the default variant's weights into 16-row panels that the AVX2 kernel in
+// gemm_i8_panels_cpu.cpp reads (flag kI8PackedPanels); the rows after the last full panel, and
+// every other variant, read row-major weights here.
 // A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
 // is missing.
 #include <immintrin.h>
@@ -46,11 +43,8 @@ constexpr int32_t kVariantDefault = 0;
 constexpr int32_t kVariantDnnl = 1;
 constexpr int32_t kVariantReference = 2;
 
-constexpr int32_t kPackedTiles = 1 << 8;  // flag set by prepare_weight_i8
-
 constexpr int64_t kRowsPerTile = 4;  // weight rows sharing each load of x
 constexpr int64_t kBlockM = 64;      // x rows kept hot in cache while a thread walks its W rows
-constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of a packed stream to prefetch (measured)
 
 inline int8_t quantize_one(float v, float inv) {
   const long q = std::lrintf(v * inv);
@@ -108,37 +102,37 @@ __attribute__((target("avx2,fma"))) inline __m256i dot32(__m256i ax, __m256i xs,
   return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xs)), ones);
 }
 
-// acc[r][i] = int32 dot of x rows x0 (and x1 when two) with the four W rows: row-major rows wr[r],
-// or (kPacked) one packed tile at wr[0].
-template <int kX, bool kPacked>
+// acc[r][i] = int32 dot of x rows x0 (and x1 when two) with the four W rows.
+template <int kX>
 __attribute__((target("avx2,fma"))) void dot4_avx2(const int8_t* const* xr, const int8_t* const* wr,
                                                    int64_t k, int32_t (*acc)[2]) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i a[4][kX];
+#pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 2
     for (int i = 0; i < kX; ++i) a[r][i] = _mm256_setzero_si256();
   }
   const int64_t k32 = k & ~int64_t(31);
   for (int64_t c = 0; c < k32; c += 32) {
-    if constexpr (kPacked) {
-      const char* next = reinterpret_cast<const char*>(wr[0] + c * 4) + kPrefetchBytes;
-      _mm_prefetch(next, _MM_HINT_T0);
-      _mm_prefetch(next + 64, _MM_HINT_T0);
-    }
     __m256i xs[kX], ax[kX];
+#pragma GCC unroll 2
     for (int i = 0; i < kX; ++i) {
       xs[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[i] + c));
       ax[i] = _mm256_abs_epi8(xs[i]);
     }
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const int8_t* src = kPacked ? wr[0] + c * 4 + r * 32 : wr[r] + c;
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + c));
+#pragma GCC unroll 2
       for (int i = 0; i < kX; ++i) a[r][i] = _mm256_add_epi32(a[r][i], dot32(ax[i], xs[i], w, ones));
     }
   }
   const int64_t tail = k - k32;
+#pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) {
-    const int8_t* rest = kPacked ? wr[0] + k32 * 4 + r * tail : wr[r] + k32;
+    const int8_t* rest = wr[r] + k32;
+#pragma GCC unroll 2
     for (int i = 0; i < kX; ++i) {
       int32_t s = hsum_i32(a[r][i]);
       for (int64_t t = 0; t < tail; ++t) s += int32_t(xr[i][k32 + t]) * int32_t(rest[t]);
@@ -155,19 +149,16 @@ void dot4_generic(const int8_t* const* xr, const int8_t* const* wr, int64_t k, i
   }
 }
 
-// y rows [i0, i1) x W rows [j0, j1), with x already quantized. j0 is a multiple of kRowsPerTile.
+// y rows [i0, i1) x row-major W rows [j0, j1), with x already quantized.
 void gemm_rows(const int8_t* xq, const float* sx, int64_t i0, int64_t i1, const WeightView& w,
                int64_t j0, int64_t j1, float* y, bool avx2) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   const auto* wq = static_cast<const int8_t*>(w.data);
-  const bool packed = (w.kernel_variant & kPackedTiles) != 0;
   for (int64_t ib = i0; ib < i1; ib += kBlockM) {
     const int64_t ie = std::min(i1, ib + kBlockM);
     for (int64_t j = j0; j < j1; j += kRowsPerTile) {
       const int64_t rows = std::min(kRowsPerTile, j1 - j);
-      // Packed only where the tile is whole (and every row of it is this band's).
-      const bool tile = packed && rows == kRowsPerTile && j + kRowsPerTile <= n;
       const int8_t* wr[kRowsPerTile];
       // A short tile repeats its last row; the extra results are not stored.
       for (int64_t r = 0; r < kRowsPerTile; ++r) wr[r] = wq + (j + std::min(r, rows - 1)) * k;
@@ -176,7 +167,7 @@ void gemm_rows(const int8_t* xq, const float* sx, int64_t i0, int64_t i1, const 
       if (avx2) {
         for (; i + 2 <= ie; i += 2) {
           const int8_t* xr[2] = {xq + i * k, xq + (i + 1) * k};
-          tile ? dot4_avx2<2, true>(xr, wr, k, acc) : dot4_avx2<2, false>(xr, wr, k, acc);
+          dot4_avx2<2>(xr, wr, k, acc);
           for (int64_t r = 0; r < rows; ++r) {
             y[i * n + j + r] = float(acc[r][0]) * (sx[i] * w.scales[j + r]);
             y[(i + 1) * n + j + r] = float(acc[r][1]) * (sx[i + 1] * w.scales[j + r]);
@@ -186,7 +177,7 @@ void gemm_rows(const int8_t* xq, const float* sx, int64_t i0, int64_t i1, const 
       for (; i < ie; ++i) {
         const int8_t* xr[1] = {xq + i * k};
         if (avx2) {
-          tile ? dot4_avx2<1, true>(xr, wr, k, acc) : dot4_avx2<1, false>(xr, wr, k, acc);
+          dot4_avx2<1>(xr, wr, k, acc);
         } else {
           dot4_generic(xr, wr, k, acc);
         }
@@ -251,28 +242,13 @@ void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView
 }  // namespace
 
 void prepare_weight_i8(WeightView& w) {
-  // Only the default variant reads packed tiles, and only with AVX2 (the scalar fallback reads
-  // rows); a view is packed once.
-  if (w.kernel_variant != kVariantDefault || !has_avx2()) return;
-  const int64_t k = w.cols;
-  const int64_t k32 = k & ~int64_t(31);
-  const int64_t tail = k - k32;
-  auto* data = static_cast<int8_t*>(const_cast<void*>(w.data));
-  std::vector<int8_t> rows(size_t(kRowsPerTile * k));
-  for (int64_t j = 0; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
-    int8_t* tile = data + j * k;
-    std::copy(tile, tile + kRowsPerTile * k, rows.begin());
-    for (int64_t r = 0; r < kRowsPerTile; ++r) {
-      const int8_t* row = rows.data() + r * k;
-      for (int64_t c = 0; c < k32; c += 32) std::copy(row + c, row + c + 32, tile + c * kRowsPerTile + r * 32);
-      std::copy(row + k32, row + k, tile + k32 * kRowsPerTile + r * tail);
-    }
-  }
-  w.kernel_variant |= kPackedTiles;
+  // Only the default variant's AVX2 kernel reads panels (the scalar fallback reads rows); a view
+  // is packed once.
+  if (w.kernel_variant == kVariantDefault && has_avx2()) prepare_weight_i8_panels(w);
 }
 
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
-  const int32_t variant = w.kernel_variant & ~kPackedTiles;
+  const int32_t variant = w.kernel_variant & ~kI8PackedPanels;
 #ifndef TESSERA_HAVE_DNNL
   if (variant == kVariantDnnl) {
     throw Error("cpu gemm on i8: the oneDNN kernel was not built (configure with -DTESSERA_DNNL=ON "
@@ -303,23 +279,41 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   }
 #endif
 
+  // Packed panels take rows [0, panel_rows); they need x as int16 pairs, packed per 6-row block.
+  const int64_t panel_rows = avx2 ? i8_panel_rows(w) : 0;
+  const int64_t panels = panel_rows / 16;
+  const int64_t blocks = x_pair_blocks(m);
+  thread_local std::vector<int32_t> xp_buf;
+  if (panel_rows > 0) xp_buf.resize(size_t(blocks * 6 * (k / 2)));
+  int32_t* xp = xp_buf.data();
+  const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
+
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize_rows(x, 0, m, k, xq, sx, avx2);
-    gemm_rows(xq, sx, 0, m, w, 0, n, y, avx2);
+    if (panel_rows > 0) {
+      pack_x_pairs(xq, m, k, 0, blocks, xp);
+      gemm_i8_panels(xp, xq, sx, m, w, 0, panels, y);
+    }
+    gemm_rows(xq, sx, 0, m, w, panel_rows, n, y, avx2);
     return;
   }
-  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads();
     const int t = omp_get_thread_num();
-    // Quantize x together (rows split evenly), then each thread takes a contiguous band of W.
-    const int64_t per_m = (m + nt - 1) / nt;
-    quantize_rows(x, std::min(m, per_m * t), std::min(m, per_m * (t + 1)), k, xq, sx, avx2);
+    // Quantize (and pack) x together, split by 6-row blocks; then each thread takes a contiguous
+    // band of panels and of the row-major tiles after them.
+    const int64_t per_b = (blocks + nt - 1) / nt;
+    const int64_t b0 = std::min(blocks, per_b * t), b1 = std::min(blocks, per_b * (t + 1));
+    quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, xq, sx, avx2);
+    if (panel_rows > 0) pack_x_pairs(xq, m, k, b0, b1, xp);
 #pragma omp barrier
-    const int64_t per = (tiles + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerTile);
-    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
+    const int64_t per_q = (panels + nt - 1) / nt;
+    const int64_t q0 = std::min(panels, per_q * t), q1 = std::min(panels, per_q * (t + 1));
+    if (q0 < q1) gemm_i8_panels(xp, xq, sx, m, w, q0, q1, y);
+    const int64_t per = (row_tiles + nt - 1) / nt;
+    const int64_t j0 = std::min(n, panel_rows + per * t * kRowsPerTile);
+    const int64_t j1 = std::min(n, panel_rows + per * (t + 1) * kRowsPerTile);
     if (j0 < j1) gemm_rows(xq, sx, 0, m, w, j0, j1, y, avx2);
   }
 }

@@ -27,6 +27,18 @@ void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
 // Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
 void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);
+// The int8 panel layout and kernel (gemm_i8_panels_cpu.cpp), used by gemm_i8.
+inline constexpr int32_t kI8PackedPanels = 1 << 8;  // kernel_variant flag
+void prepare_weight_i8_panels(WeightView& w);
+int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 when not packed
+int64_t x_pair_blocks(int64_t m);
+void pack_x_pairs(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
+void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
+                    int64_t q0, int64_t q1, float* y);
+void prepare_weight_f32(WeightView& w);
+// y columns of the packed f32 panels; returns how many leading rows of W it computed (0 when the
+// view is not packed).
+int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

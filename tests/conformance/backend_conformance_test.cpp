@@ -197,7 +197,7 @@ struct GemmShape {
 
 TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
   // Float types take any k (odd ones too); block types need whole blocks of 32.
-  const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}};
+  const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}, {7, 50, 150}};
   const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}};
   int ran = 0;
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
@@ -225,14 +225,19 @@ TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
         }
       }
 
+      // As written (row-major), then after prepare_weight rearranged it as Linears have it.
       DeviceBuffer wbuf = upload(b(), packed), xbuf = upload(b(), x);
-      DeviceBuffer ybuf = output(want.size());
-      WeightView view{wbuf.get(), t, s.n, s.k};
-      b().gemm(xbuf.as<float>(), s.m, view, ybuf.as<float>());
-      b().synchronize();
-      const auto y = read_output(ybuf, want.size());
-      const double tol = gemm_tolerance(t);
-      EXPECT_TRUE(all_close(y, want, [&](size_t i) { return tol * mag[i] + 1e-30; }));
+      for (bool prepared : {false, true}) {
+        SCOPED_TRACE(prepared ? "prepared weight" : "row-major weight");
+        DeviceBuffer ybuf = output(want.size());
+        WeightView view{wbuf.get(), t, s.n, s.k};
+        if (prepared) b().prepare_weight(view);
+        b().gemm(xbuf.as<float>(), s.m, view, ybuf.as<float>());
+        b().synchronize();
+        const auto y = read_output(ybuf, want.size());
+        const double tol = gemm_tolerance(t);
+        EXPECT_TRUE(all_close(y, want, [&](size_t i) { return tol * mag[i] + 1e-30; }));
+      }
       ++ran;
     }
   }

@@ -54,9 +54,12 @@ TEST(Gguf, Q8BlocksAreUploadedByteForByte) {
     EXPECT_EQ(l->format(), std::string(dtype_name(t.dtype)));
     EXPECT_EQ(l->resident_bytes(), t.nbytes) << "no float copy, no extra memory";
     EXPECT_EQ(l->view().dtype, t.dtype);
-    std::vector<uint8_t> held(t.nbytes);
-    b.copy_to_host(held.data(), l->view().data, t.nbytes);
-    EXPECT_EQ(std::memcmp(held.data(), t.data, t.nbytes), 0);
+    // The CPU backend packs f32 weights into panels (Backend::prepare_weight); blocks stay as stored.
+    if (t.dtype != DType::F32) {
+      std::vector<uint8_t> held(t.nbytes);
+      b.copy_to_host(held.data(), l->view().data, t.nbytes);
+      EXPECT_EQ(std::memcmp(held.data(), t.data, t.nbytes), 0);
+    }
     if (t.dtype == DType::Q8_0) ++q8_tensors;
   }
   EXPECT_GE(q8_tensors, 30);

@@ -1,0 +1,162 @@
+// f32 GEMM over panel-packed weights, the layout prepare_weight_f32 gives every f32 Linear.
+//
+// Layout: rows are grouped in panels of 16; a panel is stored transposed, [k][16], so that one
+// step of k reads the 16 rows' values as two vectors. Rows past the last full panel stay
+// row-major at their usual offsets (gemm_cpu.cpp runs them).
+//
+// Kernel: a 6 x 16 tile of y lives in 12 registers; each step of k broadcasts six x values
+// against the panel's two vectors (12 FMAs for 8 loads, so FMA throughput bounds it, where the
+// dot-product form was bound by loads). x is packed per pass over k so the broadcasts read one
+// sequential stream; the panel slice (up to kKc x 16 floats) stays in L1/L2 across all x rows.
+//
+// Every y[i][j] is one FMA chain over k in order, whatever m is and wherever row i falls in a
+// tile, so a row's result does not depend on the batch around it (decode equals prefill, bit for
+// bit). Decode (m = 1) streams each panel once, sequentially, with a prefetch ahead.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels_cpu.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+constexpr int64_t kPanel = 16;
+constexpr int64_t kMr = 6;
+constexpr int64_t kKc = 768;  // most k per pass: x packed for it stays in L2 (measured 512-1024 best)
+constexpr int32_t kPackedPanels = 1 << 9;  // kernel_variant flag set by prepare_weight_f32
+constexpr int64_t kPrefetchFloats = 512;   // 2 KB ahead in the panel stream
+
+// y rows [0, MR) x panel columns [0, 16) (+)= xp[p][MR] · panel[p][16] for p in [0, kc).
+template <int MR, bool kPrefetch>
+__attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, int64_t kc, float* y,
+                                              int64_t ldy, bool first) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
+    acc[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
+  }
+  for (int64_t p = 0; p < kc; ++p) {
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(wp + p * kPanel + kPrefetchFloats), _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(wp + p * kPanel);
+    const __m256 w1 = _mm256_loadu_ps(wp + p * kPanel + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(xp + p * MR + r);
+      acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(y + r * ldy, acc[r][0]);
+    _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+  }
+}
+
+// Decode: one x row against two panels at once, so four FMA chains hide the FMA latency that
+// one panel's two chains would wait on.
+__attribute__((target("avx2,fma"))) void row_two_panels(const float* x, const float* wp, int64_t k, float* y) {
+  const float* wq = wp + k * kPanel;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    _mm_prefetch(reinterpret_cast<const char*>(wp + p * kPanel + kPrefetchFloats), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wq + p * kPanel + kPrefetchFloats), _MM_HINT_T0);
+    const __m256 xv = _mm256_broadcast_ss(x + p);
+    a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + p * kPanel), a0);
+    a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + p * kPanel + 8), a1);
+    b0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wq + p * kPanel), b0);
+    b1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wq + p * kPanel + 8), b1);
+  }
+  _mm256_storeu_ps(y, a0);
+  _mm256_storeu_ps(y + 8, a1);
+  _mm256_storeu_ps(y + 16, b0);
+  _mm256_storeu_ps(y + 24, b1);
+}
+
+using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t, bool);
+// Only a single pass over a panel (decode) streams it from memory; a batch rereads it from L1.
+constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1, true>, tile<2, false>, tile<3, false>, tile<4, false>, tile<5, false>, tile<6, false>};
+
+// Panels [q0, q1) against all m rows of x.
+void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_t q0, int64_t q1,
+                std::vector<float>& xp) {
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  const auto* panels = static_cast<const float*>(w.data);
+  // Few rows of x fit in L1 whole: one pass over k streams each panel once. Otherwise k is cut
+  // into equal passes of at most kKc.
+  const int64_t passes = m < 2 * kMr ? 1 : (k + kKc - 1) / kKc;
+  const int64_t kc_max = (k + passes - 1) / passes;
+  xp.resize(size_t(((m + kMr - 1) / kMr) * kMr * kc_max));
+  for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
+    const int64_t kc = std::min(kc_max, k - p0);
+    // x[i0 .. i0+mr)[p0 .. p0+kc) -> xp block [kc][mr], blocks one after another.
+    for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+      const int64_t mr = std::min(kMr, m - i0);
+      float* dst = xp.data() + i0 * kc;
+      for (int64_t r = 0; r < mr; ++r) {
+        const float* src = x + (i0 + r) * k + p0;
+        for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
+      }
+    }
+    int64_t q = q0;
+    if (m == 1) {
+      for (; q + 2 <= q1; q += 2) row_two_panels(xp.data(), panels + q * kPanel * k, k, y + q * kPanel);
+    }
+    for (; q < q1; ++q) {
+      const float* wp = panels + q * kPanel * k + p0 * kPanel;
+      for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+        const int64_t mr = std::min(kMr, m - i0);
+        kTiles[mr](xp.data() + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void prepare_weight_f32(WeightView& w) {
+  if (w.kernel_variant != 0 || !has_avx2() || w.rows < kPanel) return;
+  const int64_t k = w.cols;
+  auto* data = static_cast<float*>(const_cast<void*>(w.data));
+  std::vector<float> rows(size_t(kPanel * k));
+  for (int64_t j = 0; j + kPanel <= w.rows; j += kPanel) {
+    float* panel = data + j * k;
+    std::copy(panel, panel + kPanel * k, rows.begin());
+    for (int64_t r = 0; r < kPanel; ++r) {
+      for (int64_t p = 0; p < k; ++p) panel[p * kPanel + r] = rows[size_t(r * k + p)];
+    }
+  }
+  w.kernel_variant |= kPackedPanels;
+}
+
+int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y) {
+  if ((w.kernel_variant & kPackedPanels) == 0) return 0;
+  const int64_t n = w.rows;
+  const int64_t k = w.cols;
+  const int64_t panels = n / kPanel;
+  const int64_t bytes = panels * kPanel * k * int64_t(sizeof(float));
+  if ((m * panels * kPanel * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
+    thread_local std::vector<float> xp;
+    run_panels(x, m, w, y, 0, panels, xp);
+    return panels * kPanel;
+  }
+#pragma omp parallel
+  {
+    thread_local std::vector<float> xp;
+    const int nt = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    const int64_t per = (panels + nt - 1) / nt;
+    const int64_t q0 = std::min(panels, per * t);
+    const int64_t q1 = std::min(panels, per * (t + 1));
+    if (q0 < q1) run_panels(x, m, w, y, q0, q1, xp);
+  }
+  return panels * kPanel;
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,94 @@
+// The CPU backend's gemm on prepared (packed) weights: what the engine relies on beyond the
+// conformance suite's accuracy check — a row's result is the same bits whether it runs alone
+// (decode) or inside a batch (prefill, continuous batching) and whatever the thread count, and a
+// partly packed matrix (rows after the last full tile) is computed like the rest.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "tessera/device_buffer.h"
+
+namespace tessera {
+namespace {
+
+using test::cpu_backend;
+using test::random_floats;
+
+struct Weight {
+  DeviceBuffer data, scales;
+  WeightView view;
+};
+
+// W as the CPU backend holds a Linear's weight: f32, or int8 with per-row scales; then prepared.
+Weight make_weight(DType t, const std::vector<float>& w, int64_t n, int64_t k) {
+  Backend& b = cpu_backend();
+  Weight out;
+  if (t == DType::F32) {
+    out.data = DeviceBuffer(b, w.size() * sizeof(float));
+    out.data.upload(w.data(), w.size() * sizeof(float));
+  } else {
+    std::vector<int8_t> q(w.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t(int(w[i] * 127.0f) % 128);
+    const std::vector<float> s(size_t(n), 0.01f);
+    out.data = DeviceBuffer(b, q.size());
+    out.data.upload(q.data(), q.size());
+    out.scales = DeviceBuffer(b, s.size() * sizeof(float));
+    out.scales.upload(s.data(), s.size() * sizeof(float));
+  }
+  out.view = WeightView{out.data.get(), t, n, k, out.scales.as<float>()};
+  b.prepare_weight(out.view);
+  return out;
+}
+
+std::vector<float> gemm(const WeightView& v, const float* x, int64_t m) {
+  Backend& b = cpu_backend();
+  DeviceBuffer xb(b, size_t(m * v.cols) * sizeof(float)), yb(b, size_t(m * v.rows) * sizeof(float));
+  xb.upload(x, size_t(m * v.cols) * sizeof(float));
+  b.gemm(xb.as<float>(), m, v, yb.as<float>());
+  std::vector<float> y(size_t(m * v.rows));
+  b.copy_to_host(y.data(), yb.get(), y.size() * sizeof(float));
+  return y;
+}
+
+TEST(CpuGemm, PreparedWeightsGiveEachRowTheSameBitsAloneOrInABatchOnAnyThreadCount) {
+  const int64_t m = 13;
+  for (DType t : {DType::F32, DType::I8}) {
+    for (int64_t n : {16, 37, 64, 1030}) {
+      for (int64_t k : {7, 64, 129, 300}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+        const auto w = random_floats(size_t(n * k), uint32_t(n * 7 + k));
+        const auto x = random_floats(size_t(m * k), uint32_t(n + k * 3), -3, 3);
+        const Weight weight = make_weight(t, w, n, k);
+        cpu_backend().set_threads(2);
+        const auto batch = gemm(weight.view, x.data(), m);
+        for (int64_t i = 0; i < m; ++i) {
+          const auto alone = gemm(weight.view, x.data() + i * k, 1);
+          ASSERT_EQ(0, std::memcmp(alone.data(), batch.data() + i * n, size_t(n) * sizeof(float))) << "row " << i;
+        }
+        cpu_backend().set_threads(1);
+        EXPECT_EQ(gemm(weight.view, x.data(), m), batch) << "one thread against two";
+        cpu_backend().set_threads(2);
+      }
+    }
+  }
+}
+
+TEST(CpuGemm, PackedF32MatchesTheRowMajorWeight) {
+  const int64_t m = 9, n = 53, k = 100;  // three full panels of 16 and 5 row-major rows
+  const auto w = random_floats(size_t(n * k), 5);
+  const auto x = random_floats(size_t(m * k), 6, -3, 3);
+  const Weight packed = make_weight(DType::F32, w, n, k);
+  ASSERT_NE(packed.view.kernel_variant, 0) << "the CPU backend packs f32 weights (AVX2 machines)";
+  DeviceBuffer plain(cpu_backend(), w.size() * sizeof(float));
+  plain.upload(w.data(), w.size() * sizeof(float));
+  const auto got = gemm(packed.view, x.data(), m);
+  const auto want = gemm(WeightView{plain.get(), DType::F32, n, k}, x.data(), m);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::abs(want[i]))) << i;
+}
+
+}  // namespace
+}  // namespace tessera
