@@ -82,6 +82,7 @@ void run(const RunArgs& args) {
 
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& r = results[i];
+    const Model& model = pipeline->model();
     const double prefill_s = r.first_token - r.admitted;
     const double decode_s = r.finished - r.first_token;
     const double prefill_tps = rate(double(r.prompt.size()), prefill_s);
@@ -113,12 +114,17 @@ void run(const RunArgs& args) {
                       {"prefill_tokens_per_s", prefill_tps},
                       {"decode_tokens_per_s", decode_tps},
                       {"ttft_ms", r.ttft() * 1000.0},
-                      {"queue_ms", r.queue_time() * 1000.0}};
+                      {"queue_ms", r.queue_time() * 1000.0},
+                      // Roofline figures: compare with the machine's FMA peak and read bandwidth.
+                      {"prefill_gflop_per_s", rate(2.0 * double(model.layer_macs_per_token() * int64_t(r.prompt.size()) +
+                                                                model.head_macs()) / 1e9, prefill_s)},
+                      {"decode_weight_gb_per_s", double(model.decode_bytes_per_token()) * decode_tps / 1e9}};
       j["tokens_in"] = r.prompt.size();
       j["tokens_out"] = r.tokens.size();
       j["pipeline"] = pipeline->describe();
       j["model"] = pipeline->model_path();
-      j["weight_bytes"] = pipeline->model().weight_bytes();
+      j["weight_bytes"] = model.weight_bytes();
+      j["weight_bytes_per_token"] = model.decode_bytes_per_token();
       // Generated text may end inside a UTF-8 sequence: replace what cannot be encoded.
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {

@@ -114,12 +114,15 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     DeviceBuffer buf(backend_, host.size() * sizeof(float));
     buf.upload(host.data(), host.size() * sizeof(float));
     weight_bytes_ += buf.size();
+    decode_bytes_per_token_ += buf.size();
     return buf;
   };
   auto linear = [&](const std::string& name, int64_t out, int64_t in) {
     const GgufTensor& t = require_tensor(f, name, {in, out});
     std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(t, name));
     weight_bytes_ += l->resident_bytes();
+    decode_bytes_per_token_ += l->resident_bytes();
+    if (name != "output.weight") layer_macs_per_token_ += in * out;
     formats_.push_back(l->format());
     return l;
   };
@@ -132,6 +135,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
   embedding_buffer_ = DeviceBuffer(backend_, emb.nbytes);
   embedding_buffer_.upload(emb.data, emb.nbytes);
   weight_bytes_ += emb.nbytes;
+  decode_bytes_per_token_ += dtype_row_bytes(emb.dtype, c.dim);
   embedding_ = WeightView{embedding_buffer_.get(), emb.dtype, c.vocab, c.dim};
 
   layers_.resize(static_cast<size_t>(c.n_layers));
@@ -154,6 +158,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     // so that per-layer rules for the output layer apply.
     std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(emb, "output.weight"));
     weight_bytes_ += l->resident_bytes();
+    decode_bytes_per_token_ += l->resident_bytes();
     formats_.push_back(l->format());
     output_ = std::move(l);
   } else {

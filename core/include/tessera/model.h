@@ -59,6 +59,12 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // Backend memory held by weights (embeddings, norms, linears).
   size_t weight_bytes() const { return weight_bytes_; }
+  // What one token costs in weights, for roofline figures: the bytes a decode step reads per
+  // sequence (every linear and norm, one embedding row), and the multiply-adds of the layers'
+  // linears per token (the output head, run only for rows whose logits are wanted, apart).
+  size_t decode_bytes_per_token() const { return decode_bytes_per_token_; }
+  int64_t layer_macs_per_token() const { return layer_macs_per_token_; }
+  int64_t head_macs() const { return config_.vocab * config_.dim; }
   // A short description of the weight formats, e.g. "f32 x 36" or "q8_0 x 35, f32 x 1".
   std::string weight_formats() const;
   std::vector<OpRequirement> requirements() const;
@@ -83,6 +89,8 @@ class Model {
   std::unique_ptr<Linear> output_;
   std::vector<Layer> layers_;
   size_t weight_bytes_ = 0;
+  size_t decode_bytes_per_token_ = 0;
+  int64_t layer_macs_per_token_ = 0;
   std::vector<std::string> formats_;
 
   // Per-step scratch, grown on demand.
