@@ -41,8 +41,28 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   float m[kMaxGroup], l[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
   alignas(32) float scores[kKeyBlock];
-  const float* krows[kKeyBlock];
-  const float* vrows[kKeyBlock];
+  // Key and value rows of every key some query of this task may see, gathered once: the queries
+  // of a prefill chunk or a speculative verification share them.
+  const bool windowed = a.window > 0 && a.sparse.block == 0;
+  const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) : 0;
+  const int64_t last_key = first_pos + t.q_end - 1;
+  thread_local std::vector<const float*> krows_all, vrows_all;
+  krows_all.resize(size_t(last_key - first_key + 1));
+  vrows_all.resize(krows_all.size());
+  {
+    // Walk the block table instead of dividing per key (a division costs more than the dot
+    // product of a small head).
+    int64_t kb = first_key / kv.block_size, off = first_key % kv.block_size;
+    for (size_t j = 0; j < krows_all.size(); ++j) {
+      const int64_t slot = int64_t(table[kb]) * kv.block_size + off;
+      krows_all[j] = kbase + slot * kv_stride;
+      vrows_all[j] = vbase + slot * kv_stride;
+      if (++off == kv.block_size) {
+        off = 0;
+        ++kb;
+      }
+    }
+  }
   // Block-sparse: this sequence's kept key blocks for (kv head, query block).
   const BlockSparseLayout& sp = a.sparse;
   const bool sparse = sp.block > 0 && sp.seq_base[t.seq] >= 0;
@@ -59,18 +79,8 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     auto visit = [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
-        // Walk the block table instead of dividing per key (a division costs more than the dot
-        // product of a small head).
-        int64_t kb = b / kv.block_size, off = b % kv.block_size;
-        for (int j = 0; j < n; ++j) {
-          const int64_t slot = int64_t(table[kb]) * kv.block_size + off;
-          krows[j] = kbase + slot * kv_stride;
-          vrows[j] = vbase + slot * kv_stride;
-          if (++off == kv.block_size) {
-            off = 0;
-            ++kb;
-          }
-        }
+        const float* const* krows = krows_all.data() + (b - first_key);
+        const float* const* vrows = vrows_all.data() + (b - first_key);
         for (int64_t g = 0; g < group; ++g) {
           ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
           const float block_max = *std::max_element(scores, scores + n);
