@@ -297,7 +297,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     s.seed = rng();
   }
-  s.logprobs = r.logprobs ? r.top_logprobs : 0;
+  s.logprobs = r.logprobs ? r.top_logprobs : -1;
   try {
     validate_sampling(s);
   } catch (const Error& e) {

@@ -74,7 +74,7 @@ void validate_sampling(const SamplingParams& p) {
   if (!(p.presence_penalty >= -2.0 && p.presence_penalty <= 2.0)) {
     bad("presence_penalty", p.presence_penalty, "must be in [-2, 2] (0 disables it)");
   }
-  if (p.logprobs < 0 || p.logprobs > 20) bad("logprobs", double(p.logprobs), "must be in [0, 20]");
+  if (p.logprobs < -1 || p.logprobs > 20) bad("logprobs", double(p.logprobs), "must be in [0, 20], or -1 for none");
 }
 
 }  // namespace tessera

@@ -197,6 +197,12 @@ int32_t TokenSampler::pick(const SamplingParams& p, const float* logits, int64_t
 }
 
 void TokenSampler::record(DecodeItem& item, const float* logits, int32_t token) {
+  // A log-softmax over the whole vocabulary per token: a visible share of decode on large
+  // vocabularies, so only when asked for.
+  if (item.params.logprobs < 0) {
+    item.tokens.push_back(token);
+    return;
+  }
   float lp = 0;
   std::vector<TokenLogprob> top;
   token_logprobs(logits, item.vocab, token, item.params.logprobs, &lp, item.params.logprobs > 0 ? &top : nullptr);

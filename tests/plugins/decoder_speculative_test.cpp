@@ -236,6 +236,7 @@ TEST(SpeculativeRejectionSampling, TheDecoderKeepsTheTargetDistributionForDeterm
   for (size_t t = 6; t < 12; ++t) logits[t] = 0;  // the bonus row
   SamplingParams s;
   s.temperature = 1.0;
+  s.logprobs = 0;  // and each chosen token's log-probability, accepted or not
   const std::vector<int32_t> history = {1, 2, 3};
   const std::vector<int32_t> draft = {2};
   const int64_t n = 40000;

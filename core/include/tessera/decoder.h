@@ -19,7 +19,7 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // divides positive logits of seen tokens (1 = off)
   double frequency_penalty = 0.0;   // minus penalty x count of each generated token (OpenAI style)
   double presence_penalty = 0.0;    // minus penalty once for each token already generated
-  int64_t logprobs = 0;             // alternatives reported per generated token (0 = only the chosen one's)
+  int64_t logprobs = -1;            // -1 = none; 0 = each chosen token's; N = and its N likeliest alternatives
   uint64_t seed = 0;
 };
 
