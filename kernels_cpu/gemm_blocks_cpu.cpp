@@ -83,12 +83,10 @@ void quantize_rows(const float* x, int64_t i0, int64_t i1, int64_t k, int8_t* xq
 }
 
 // y rows [0, m) x W rows [j0, j1), with x already quantized. j0 is a multiple of kRowsPerTile.
-void gemm_rows(const int8_t* xq, const float* xd, int64_t m, const WeightView& w, int64_t j0, int64_t j1,
-               float* y, const BlockKernels& kern, bool avx2) {
-  const int64_t k = w.cols;
+void gemm_rows(const BlockActivations& x, int64_t m, const WeightView& w, int64_t j0, int64_t j1, float* y,
+               const BlockKernels& kern, bool avx2) {
   const int64_t n = w.rows;
-  const int64_t blocks = k / kQBlock;
-  const int64_t row_bytes = blocks * int64_t(kern.block_bytes);
+  const int64_t row_bytes = (w.cols / kQBlock) * int64_t(kern.block_bytes);
   const auto* base = static_cast<const uint8_t*>(w.data);
   const bool packed = (w.kernel_variant & kBlockTilesPacked) != 0;
   for (int64_t ib = 0; ib < m; ib += kBlockM) {
@@ -99,25 +97,7 @@ void gemm_rows(const int8_t* xq, const float* xd, int64_t m, const WeightView& w
       const bool tile = packed && rows == kRowsPerTile;
       const uint8_t* wr[kRowsPerTile];
       for (int64_t r = 0; r < kRowsPerTile; ++r) wr[r] = base + (j + std::min(r, rows - 1)) * row_bytes;
-      float out[kRowsPerTile][2];
-      int64_t i = ib;
-      if (avx2) {
-        for (; i + 2 <= ie; i += 2) {
-          const int8_t* xr[2] = {xq + i * k, xq + (i + 1) * k};
-          const float* dr[2] = {xd + i * blocks, xd + (i + 1) * blocks};
-          kern.avx2[1][tile](wr, xr, dr, blocks, out);
-          for (int64_t r = 0; r < rows; ++r) {
-            y[i * n + j + r] = out[r][0];
-            y[(i + 1) * n + j + r] = out[r][1];
-          }
-        }
-      }
-      for (; i < ie; ++i) {
-        const int8_t* xr[1] = {xq + i * k};
-        const float* dr[1] = {xd + i * blocks};
-        (avx2 ? kern.avx2[0][tile] : kern.scalar)(wr, xr, dr, blocks, out);
-        for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = out[r][0];
-      }
+      (avx2 ? kern.avx2[tile] : kern.scalar)(wr, x, ib, ie, y + ib * n + j, n, rows);
     }
   }
 }
@@ -180,7 +160,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
   const int64_t weight_bytes = n * (k / kQBlock) * int64_t(kern.block_bytes);
   if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize_rows(x, 0, m, k, xq, xd, avx2);
-    gemm_rows(xq, xd, m, w, 0, n, y, kern, avx2);
+    gemm_rows({xq, xd, k}, m, w, 0, n, y, kern, avx2);
     return;
   }
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
@@ -195,7 +175,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
     const int64_t per = (tiles + nt - 1) / nt;
     const int64_t j0 = std::min(n, per * t * kRowsPerTile);
     const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
-    if (j0 < j1) gemm_rows(xq, xd, m, w, j0, j1, y, kern, avx2);
+    if (j0 < j1) gemm_rows({xq, xd, k}, m, w, j0, j1, y, kern, avx2);
   }
 }
 

@@ -21,19 +21,40 @@ inline constexpr int64_t kQBlock = 32;                 // elements per weight an
 inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
 inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream
 
-// One tile of four weight rows against kx (1 or 2) quantized activation rows:
-//   out[r][i] = Σ_b d_w[r][b] · d_x[i][b] · (q_w[r][b] · q_x[i][b])
-// w: the four rows' starts (row-major; a short tile repeats its last row), or for a packed tile
-// its start in w[0]. xq[i]: the row's int8 values; xd[i]: its block scales.
-using BlockTileFn = void (*)(const uint8_t* const* w, const int8_t* const* xq, const float* const* xd,
-                             int64_t blocks, float (*out)[2]);
+// x quantized per block of 32: q [m][k] int8, d [m][k/32] block scales.
+struct BlockActivations {
+  const int8_t* q;
+  const float* d;
+  int64_t k;
+};
+
+// One tile of four weight rows against x rows [i0, i1): y[i * ldy + r] for r < rows (y points at
+// the tile's first column). w: the four rows' starts (row-major; a short tile repeats its last
+// row), or for a packed tile its start in w[0]. Each output is computed the same way whatever
+// i0, i1 and the layout (so a row of a batch equals that row alone, bit for bit):
+//   y[i][r] = Σ_b d_w[r][b] · d_x[i][b] · (q_w[r][b] · q_x[i][b])
+// with the int8 dot exact and the sum over blocks in float.
+using BlockTileFn = void (*)(const uint8_t* const* w, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                             int64_t ldy, int64_t rows);
 
 struct BlockKernels {
-  const char* name;       // the dtype, for error messages
-  size_t block_bytes;     // bytes of one weight block
-  BlockTileFn avx2[2][2]; // [kx - 1][packed]
-  BlockTileFn scalar;     // kx = 1, row-major
+  const char* name;    // the dtype, for error messages
+  size_t block_bytes;  // bytes of one weight block
+  BlockTileFn avx2[2]; // [packed]
+  BlockTileFn scalar;  // row-major
 };
+
+// From this many x rows a tile's blocks are first unpacked into a small per-thread buffer (int8
+// and float scales, L1-resident) and every x row reuses it (prefill); fewer rows read the blocks
+// in place (decode).
+inline constexpr int64_t kBlockBufferRows = 4;
+
+// Stores out[r][q] (q < kx) into y rows i, i+1 (kx = 2) for r < rows.
+inline void store_tile(const float (*out)[2], int kx, float* y, int64_t ldy, int64_t rows) {
+  for (int q = 0; q < kx; ++q) {
+    for (int64_t r = 0; r < rows; ++r) y[q * ldy + r] = out[r][q];
+  }
+}
 
 // y[m][n] = x[m][k] · W[n][k]ᵀ with the given block kernels. m = 0 only validates the view.
 void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kernels);

@@ -1,10 +1,13 @@
 // GGUF Q8_0 weights (per block of 32: an fp16 scale d_w, then 32 int8 quants) times int8-quantized
 // activations: each block pair is one signed int8 dot, scaled by d_w·d_x and accumulated in float
-// (FMA). Four weight rows share each activation load; two activation rows share each weight load
-// (prefill). The walk over tiles and threads is gemm_blocks (gemm_blocks_cpu.h).
+// (FMA). Four weight rows share each activation load; two activation rows share each weight load.
+// Decode reads the blocks in place; prefill (kBlockBufferRows x rows or more) first copies a tile's
+// quants, their absolute values and its scales as floats into a per-thread buffer, so the inner
+// loop does no scale conversion. The walk over tiles and threads is gemm_blocks (gemm_blocks_cpu.h).
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "gemm_blocks_cpu.h"
 
@@ -13,6 +16,7 @@ namespace tessera::cpu {
 namespace {
 
 constexpr int64_t kBlockBytes = 34;
+constexpr int64_t kBufferBlockBytes = 4 * 2 * 32;  // a tile's block in the buffer: 4 x (q, |q|)
 
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -35,35 +39,80 @@ __attribute__((target("avx2,fma"))) inline __m256i dot32(__m256i aw, __m256i w, 
   return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
 }
 
-template <int kX, bool kPacked>
-__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr, const int8_t* const* xq,
-                                                         const float* const* xd, int64_t blocks, float (*out)[2]) {
+// The four rows' fp16 block scales (blocks at b[0..3]) as four floats: one conversion for the tile.
+__attribute__((target("avx2,fma,f16c"))) inline __m128 scales4(const uint8_t* const* b) {
+  const uint64_t h = uint64_t(load_u16(b[0])) | uint64_t(load_u16(b[1])) << 16 | uint64_t(load_u16(b[2])) << 32 |
+                     uint64_t(load_u16(b[3])) << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(h)));
+}
+
+template <bool kPacked>
+inline void block_ptrs(const uint8_t* const* wr, int64_t b, const uint8_t** blk) {
+  for (int r = 0; r < 4; ++r) blk[r] = kPacked ? wr[0] + (b * 4 + r) * kBlockBytes : wr[r] + b * kBlockBytes;
+}
+
+template <bool kPacked>
+inline void prefetch_ahead(const uint8_t* blk0) {
+  if constexpr (kPacked) {  // 136 bytes per step: three lines
+    const char* next = reinterpret_cast<const char*>(blk0) + kBlockPrefetchBytes;
+    _mm_prefetch(next, _MM_HINT_T0);
+    _mm_prefetch(next + 64, _MM_HINT_T0);
+    _mm_prefetch(next + 128, _MM_HINT_T0);
+  }
+}
+
+enum class Source { rows, packed, buffer };
+
+// out[r][i] for the tile's four rows and kX x rows. From the blocks in place (rows, packed) or from
+// the tile unpacked by unpack_tile (buffer); the arithmetic is the same.
+template <int kX, Source kSrc>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr, const int8_t* buf, const float* bufd,
+                                                         const int8_t* const* xq, const float* const* xd,
+                                                         int64_t blocks, float (*out)[2]) {
+  constexpr bool kPacked = kSrc == Source::packed;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[4][kX];
   for (auto& row : acc) {
     for (auto& a : row) a = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < blocks; ++b) {
-    if constexpr (kPacked) {  // 136 bytes per step: three lines
-      const char* next = reinterpret_cast<const char*>(wr[0] + b * 4 * kBlockBytes) + kBlockPrefetchBytes;
-      _mm_prefetch(next, _MM_HINT_T0);
-      _mm_prefetch(next + 64, _MM_HINT_T0);
-      _mm_prefetch(next + 128, _MM_HINT_T0);
+    const uint8_t* blk[4];
+    __m128 dw;
+    if constexpr (kSrc == Source::buffer) {
+      dw = _mm_loadu_ps(bufd + 4 * b);
+    } else {
+      block_ptrs<kPacked>(wr, b, blk);
+      prefetch_ahead<kPacked>(blk[0]);
+      dw = scales4(blk);
     }
     __m256i xv[kX];
-    __m256 dx[kX];
+    __m256 dx[kX], sc[kX];
     for (int i = 0; i < kX; ++i) {
       xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kQBlock));
-      dx[i] = _mm256_set1_ps(xd[i][b]);
+      dx[i] = _mm256_broadcast_ss(xd[i] + b);
+      // In place: lanes 0-3 hold d_w[r]·d_x, taken out by vpermps (a store and a broadcast load
+      // back stalled on store forwarding). From the buffer: d_w[r] broadcast, times d_x.
+      if constexpr (kSrc != Source::buffer) sc[i] = _mm256_mul_ps(_mm256_zextps128_ps256(dw), dx[i]);
     }
     for (int r = 0; r < 4; ++r) {
-      const uint8_t* blk = kPacked ? wr[0] + (b * 4 + r) * kBlockBytes : wr[r] + b * kBlockBytes;
-      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      const __m256i aw = _mm256_abs_epi8(w);
+      __m256i w, aw;
+      if constexpr (kSrc == Source::buffer) {
+        const int8_t* p = buf + b * kBufferBlockBytes + r * 32;
+        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        aw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128));
+      } else {
+        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 2));
+        aw = _mm256_abs_epi8(w);
+      }
       for (int i = 0; i < kX; ++i) {
         const __m256 p = _mm256_cvtepi32_ps(dot32(aw, w, xv[i], ones));
-        acc[r][i] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, dx[i]), acc[r][i]);
+        __m256 s;
+        if constexpr (kSrc == Source::buffer) {
+          s = _mm256_mul_ps(_mm256_broadcast_ss(bufd + 4 * b + r), dx[i]);
+        } else {
+          s = _mm256_permutevar8x32_ps(sc[i], _mm256_set1_epi32(r));
+        }
+        acc[r][i] = _mm256_fmadd_ps(p, s, acc[r][i]);
       }
     }
   }
@@ -72,27 +121,82 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr
   }
 }
 
-void tile_scalar(const uint8_t* const* wr, const int8_t* const* xq, const float* const* xd, int64_t blocks,
-                 float (*out)[2]) {
-  for (int r = 0; r < 4; ++r) {
-    float acc = 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* blk = wr[r] + b * kBlockBytes;
-      const int8_t* x = xq[0] + b * kQBlock;
-      int32_t s = 0;
-      for (int c = 0; c < kQBlock; ++c) s += int32_t(static_cast<int8_t>(blk[2 + c])) * int32_t(x[c]);
-      acc += fp16_to_f32(load_u16(blk)) * xd[0][b] * float(s);
+// The tile's blocks as tile_avx2<Source::buffer> reads them: per block, the four rows' quants,
+// then their absolute values; the scales as floats.
+template <bool kPacked>
+__attribute__((target("avx2,fma,f16c"))) void unpack_tile(const uint8_t* const* wr, int64_t blocks, int8_t* buf,
+                                                           float* bufd) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk[4];
+    block_ptrs<kPacked>(wr, b, blk);
+    prefetch_ahead<kPacked>(blk[0]);
+    _mm_storeu_ps(bufd + 4 * b, scales4(blk));
+    for (int r = 0; r < 4; ++r) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 2));
+      int8_t* p = buf + b * kBufferBlockBytes + r * 32;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 128), _mm256_abs_epi8(w));
     }
-    out[r][0] = acc;
   }
 }
 
-const BlockKernels kKernels = {
-    "q8_0",
-    kBlockBytes,
-    {{tile_avx2<1, false>, tile_avx2<1, true>}, {tile_avx2<2, false>, tile_avx2<2, true>}},
-    tile_scalar,
-};
+template <bool kPacked>
+void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                   int64_t ldy, int64_t rows) {
+  constexpr Source kInPlace = kPacked ? Source::packed : Source::rows;
+  const int64_t blocks = x.k / kQBlock;
+  const bool buffered = i1 - i0 >= kBlockBufferRows;
+  thread_local std::vector<int8_t> buf;
+  thread_local std::vector<float> bufd;
+  if (buffered) {
+    buf.resize(size_t(blocks * kBufferBlockBytes));
+    bufd.resize(size_t(blocks * 4));
+    unpack_tile<kPacked>(wr, blocks, buf.data(), bufd.data());
+  }
+  float out[4][2];
+  int64_t i = i0;
+  for (; i + 2 <= i1; i += 2) {
+    const int8_t* xr[2] = {x.q + i * x.k, x.q + (i + 1) * x.k};
+    const float* dr[2] = {x.d + i * blocks, x.d + (i + 1) * blocks};
+    if (buffered) {
+      tile_avx2<2, Source::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+    } else {
+      tile_avx2<2, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
+    }
+    store_tile(out, 2, y + (i - i0) * ldy, ldy, rows);
+  }
+  if (i < i1) {
+    const int8_t* xr[1] = {x.q + i * x.k};
+    const float* dr[1] = {x.d + i * blocks};
+    if (buffered) {
+      tile_avx2<1, Source::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+    } else {
+      tile_avx2<1, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
+    }
+    store_tile(out, 1, y + (i - i0) * ldy, ldy, rows);
+  }
+}
+
+// Portable code, row-major blocks: the same exact int dots, summed over blocks in another order.
+void run_tile_scalar(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                     int64_t ldy, int64_t rows) {
+  const int64_t blocks = x.k / kQBlock;
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = wr[r] + b * kBlockBytes;
+        const int8_t* xb = x.q + i * x.k + b * kQBlock;
+        int32_t s = 0;
+        for (int c = 0; c < kQBlock; ++c) s += int32_t(static_cast<int8_t>(blk[2 + c])) * int32_t(xb[c]);
+        acc += fp16_to_f32(load_u16(blk)) * x.d[i * blocks + b] * float(s);
+      }
+      y[(i - i0) * ldy + r] = acc;
+    }
+  }
+}
+
+const BlockKernels kKernels = {"q8_0", kBlockBytes, {run_tile_avx2<false>, run_tile_avx2<true>}, run_tile_scalar};
 
 }  // namespace
 
