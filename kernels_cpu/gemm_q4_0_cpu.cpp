@@ -70,6 +70,18 @@ __attribute__((target("avx2,fma"))) inline void unpack_pair(const uint8_t* a, co
 
 enum class Source { rows, packed, buffer };
 
+// The scales of row pair p against one x row, [d_w[2p]·d_x x4 | d_w[2p+1]·d_x x4]: taken out of
+// sc (lanes 0-3: d_w[r]·d_x) in place, or the buffer's spread-out d_w times d_x. Same products.
+template <Source kSrc>
+__attribute__((target("avx2,fma"))) inline __m256 pair_scale(__m256 sc, __m256 dx, const float* spread, int64_t pair,
+                                                              __m256i index) {
+  if constexpr (kSrc == Source::buffer) {
+    return _mm256_mul_ps(_mm256_loadu_ps(spread + 8 * pair), dx);
+  } else {
+    return _mm256_permutevar8x32_ps(sc, index);
+  }
+}
+
 // out[r][i] for the tile's four rows and kX x rows. From the blocks in place (rows, packed) or from
 // the tile unpacked by unpack_tile (buffer); the arithmetic is the same.
 template <int kX, Source kSrc>
@@ -88,7 +100,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr
     const uint8_t* blk[4];
     __m256 dw;
     if constexpr (kSrc == Source::buffer) {
-      dw = _mm256_zextps128_ps256(_mm_loadu_ps(bufd + 4 * b));
+      dw = _mm256_setzero_ps();  // unused: the buffer holds each pair's scales spread out
     } else {
       block_ptrs<kPacked>(wr, b, blk);
       prefetch_ahead<kPacked>(blk[0]);
@@ -97,14 +109,15 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr
     // The activation block duplicated to match the pairs: elements 0-15 in both halves (against
     // the low nibbles), elements 16-31 in both halves (against the high nibbles).
     __m256i xlo[kX], xhi[kX], x8[kX];
-    __m256 sc[kX];
+    __m256 sc[kX], dx[kX];
     for (int i = 0; i < kX; ++i) {
       const int8_t* xb = xq[i] + b * kQBlock;
       xlo[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
       xhi[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
       // Pairs of 8·x over both halves, <= 4064 in magnitude.
       x8[i] = _mm256_add_epi16(_mm256_maddubs_epi16(eights, xlo[i]), _mm256_maddubs_epi16(eights, xhi[i]));
-      sc[i] = _mm256_mul_ps(dw, _mm256_set1_ps(xd[i][b]));  // lanes 0-3: d_w[r]·d_x
+      dx[i] = _mm256_set1_ps(xd[i][b]);
+      if constexpr (kSrc != Source::buffer) sc[i] = _mm256_mul_ps(dw, dx[i]);  // lanes 0-3: d_w[r]·d_x
     }
     for (int p = 0; p < 2; ++p) {
       __m256i lo, hi;
@@ -120,7 +133,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr
         const __m256i pairs = _mm256_sub_epi16(
             _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[i]), _mm256_maddubs_epi16(hi, xhi[i])), x8[i]);
         const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        acc[p][i] = _mm256_fmadd_ps(d, _mm256_permutevar8x32_ps(sc[i], pair_index[p]), acc[p][i]);
+        acc[p][i] = _mm256_fmadd_ps(d, pair_scale<kSrc>(sc[i], dx[i], bufd, 2 * b + p, pair_index[p]), acc[p][i]);
       }
     }
   }
@@ -133,7 +146,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr
 }
 
 // The tile's blocks as tile_avx2<Source::buffer> reads them: per block and row pair, lo then hi;
-// the scales as floats.
+// the scales as floats, each row's four times ([row 2p x4 | row 2p+1 x4] per pair).
 template <bool kPacked>
 __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const uint8_t* const* wr, int64_t blocks, uint8_t* buf,
                                                            float* bufd) {
@@ -141,7 +154,9 @@ __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const uint8_t* const* 
     const uint8_t* blk[4];
     block_ptrs<kPacked>(wr, b, blk);
     prefetch_ahead<kPacked>(blk[0]);
-    _mm_storeu_ps(bufd + 4 * b, scales4(blk));
+    float d[4];
+    _mm_storeu_ps(d, scales4(blk));
+    for (int r = 0; r < 4; ++r) _mm_storeu_ps(bufd + 8 * (2 * b + r / 2) + 4 * (r % 2), _mm_set1_ps(d[r]));
     for (int p = 0; p < 2; ++p) {
       __m256i lo, hi;
       unpack_pair(blk[2 * p], blk[2 * p + 1], lo, hi);
@@ -162,7 +177,7 @@ void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t 
   thread_local std::vector<float> bufd;
   if (buffered) {
     buf.resize(size_t(blocks * kBufferBlockBytes));
-    bufd.resize(size_t(blocks * 4));
+    bufd.resize(size_t(blocks * 16));
     unpack_tile<kPacked>(wr, blocks, buf.data(), bufd.data());
   }
   float out[4][2];

@@ -16,7 +16,7 @@ namespace tessera::cpu {
 namespace {
 
 constexpr int64_t kBlockBytes = 34;
-constexpr int64_t kBufferBlockBytes = 4 * 2 * 32;  // a tile's block in the buffer: 4 x (q, |q|)
+constexpr int64_t kBufferBlockBytes = 2 * 4 * 32;  // a tile's block in the buffer: 2 row pairs x (lo, hi, |lo|, |hi|)
 
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -24,8 +24,7 @@ inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+__attribute__((target("avx2,fma"))) inline float hsum4(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
@@ -61,68 +60,97 @@ inline void prefetch_ahead(const uint8_t* blk0) {
   }
 }
 
+// Rows 2p and 2p+1 of a tile's block, two rows per register: their elements 0-15 in lo, 16-31 in
+// hi, row 2p in the low 128-bit half.
+__attribute__((target("avx2,fma"))) inline void load_pair(const uint8_t* a, const uint8_t* b, __m256i& lo,
+                                                          __m256i& hi) {
+  const __m256i wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2));
+  const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  lo = _mm256_permute2x128_si256(wa, wb, 0x20);
+  hi = _mm256_permute2x128_si256(wa, wb, 0x31);
+}
+
 enum class Source { rows, packed, buffer };
 
-// out[r][i] for the tile's four rows and kX x rows. From the blocks in place (rows, packed) or from
-// the tile unpacked by unpack_tile (buffer); the arithmetic is the same.
+// The scales of row pair p against one x row, [d_w[2p]·d_x x4 | d_w[2p+1]·d_x x4]: taken out of
+// sc (lanes 0-3: d_w[r]·d_x) in place, or the buffer's spread-out d_w times d_x. Same products.
+template <Source kSrc>
+__attribute__((target("avx2,fma"))) inline __m256 pair_scale(__m256 sc, __m256 dx, const float* spread, int64_t pair,
+                                                              __m256i index) {
+  if constexpr (kSrc == Source::buffer) {
+    return _mm256_mul_ps(_mm256_loadu_ps(spread + 8 * pair), dx);
+  } else {
+    return _mm256_permutevar8x32_ps(sc, index);
+  }
+}
+
+// out[r][i] for the tile's four rows and kX x rows. Two weight rows share a register (load_pair),
+// so one convert and one FMA serve both: their sums land in the two 128-bit halves of one
+// accumulator. From the blocks in place (rows, packed) or from the tile unpacked by unpack_tile
+// (buffer); the arithmetic is the same.
 template <int kX, Source kSrc>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* wr, const int8_t* buf, const float* bufd,
                                                          const int8_t* const* xq, const float* const* xd,
                                                          int64_t blocks, float (*out)[2]) {
   constexpr bool kPacked = kSrc == Source::packed;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[4][kX];
+  const __m256i pair_index[2] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)};
+  __m256 acc[2][kX];  // [row pair][x row]: lanes 0-3 row 2p, lanes 4-7 row 2p+1
   for (auto& row : acc) {
     for (auto& a : row) a = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk[4];
-    __m128 dw;
+    __m256 dw;
     if constexpr (kSrc == Source::buffer) {
-      dw = _mm_loadu_ps(bufd + 4 * b);
+      dw = _mm256_setzero_ps();  // unused: the buffer holds each pair's scales spread out
     } else {
       block_ptrs<kPacked>(wr, b, blk);
       prefetch_ahead<kPacked>(blk[0]);
-      dw = scales4(blk);
+      dw = _mm256_zextps128_ps256(scales4(blk));
     }
-    __m256i xv[kX];
-    __m256 dx[kX], sc[kX];
+    // The activation block duplicated to match the pairs: elements 0-15 in both halves, 16-31 in
+    // both halves.
+    __m256i xlo[kX], xhi[kX];
+    __m256 sc[kX], dx[kX];
     for (int i = 0; i < kX; ++i) {
-      xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kQBlock));
-      dx[i] = _mm256_broadcast_ss(xd[i] + b);
-      // In place: lanes 0-3 hold d_w[r]·d_x, taken out by vpermps (a store and a broadcast load
-      // back stalled on store forwarding). From the buffer: d_w[r] broadcast, times d_x.
-      if constexpr (kSrc != Source::buffer) sc[i] = _mm256_mul_ps(_mm256_zextps128_ps256(dw), dx[i]);
+      const int8_t* xb = xq[i] + b * kQBlock;
+      xlo[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+      xhi[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+      dx[i] = _mm256_set1_ps(xd[i][b]);
+      if constexpr (kSrc != Source::buffer) sc[i] = _mm256_mul_ps(dw, dx[i]);  // lanes 0-3: d_w[r]·d_x
     }
-    for (int r = 0; r < 4; ++r) {
-      __m256i w, aw;
+    for (int p = 0; p < 2; ++p) {
+      __m256i lo, hi, alo, ahi;
       if constexpr (kSrc == Source::buffer) {
-        const int8_t* p = buf + b * kBufferBlockBytes + r * 32;
-        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        aw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128));
+        const int8_t* q = buf + b * kBufferBlockBytes + p * 128;
+        lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+        hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
+        alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64));
+        ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 96));
       } else {
-        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 2));
-        aw = _mm256_abs_epi8(w);
+        load_pair(blk[2 * p], blk[2 * p + 1], lo, hi);
+        alo = _mm256_abs_epi8(lo);
+        ahi = _mm256_abs_epi8(hi);
       }
       for (int i = 0; i < kX; ++i) {
-        const __m256 p = _mm256_cvtepi32_ps(dot32(aw, w, xv[i], ones));
-        __m256 s;
-        if constexpr (kSrc == Source::buffer) {
-          s = _mm256_mul_ps(_mm256_broadcast_ss(bufd + 4 * b + r), dx[i]);
-        } else {
-          s = _mm256_permutevar8x32_ps(sc[i], _mm256_set1_epi32(r));
-        }
-        acc[r][i] = _mm256_fmadd_ps(p, s, acc[r][i]);
+        // Two int32 sums (a pair of int16 sums each could overflow int16 if added first).
+        const __m256i s = _mm256_add_epi32(dot32(alo, lo, xlo[i], ones), dot32(ahi, hi, xhi[i], ones));
+        acc[p][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), pair_scale<kSrc>(sc[i], dx[i], bufd, 2 * b + p, pair_index[p]), acc[p][i]);
       }
     }
   }
-  for (int r = 0; r < 4; ++r) {
-    for (int i = 0; i < kX; ++i) out[r][i] = hsum(acc[r][i]);
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < kX; ++i) {
+      out[2 * p][i] = hsum4(_mm256_castps256_ps128(acc[p][i]));
+      out[2 * p + 1][i] = hsum4(_mm256_extractf128_ps(acc[p][i], 1));
+    }
   }
 }
 
-// The tile's blocks as tile_avx2<Source::buffer> reads them: per block, the four rows' quants,
-// then their absolute values; the scales as floats.
+// The tile's blocks as tile_avx2<Source::buffer> reads them: per block and row pair, lo, hi and
+// their absolute values; the scales as floats, each row's four times ([row 2p x4 | row 2p+1 x4]
+// per pair).
 template <bool kPacked>
 __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const uint8_t* const* wr, int64_t blocks, int8_t* buf,
                                                            float* bufd) {
@@ -130,12 +158,17 @@ __attribute__((target("avx2,fma,f16c"))) void unpack_tile(const uint8_t* const* 
     const uint8_t* blk[4];
     block_ptrs<kPacked>(wr, b, blk);
     prefetch_ahead<kPacked>(blk[0]);
-    _mm_storeu_ps(bufd + 4 * b, scales4(blk));
-    for (int r = 0; r < 4; ++r) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 2));
-      int8_t* p = buf + b * kBufferBlockBytes + r * 32;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 128), _mm256_abs_epi8(w));
+    float d[4];
+    _mm_storeu_ps(d, scales4(blk));
+    for (int r = 0; r < 4; ++r) _mm_storeu_ps(bufd + 8 * (2 * b + r / 2) + 4 * (r % 2), _mm_set1_ps(d[r]));
+    for (int p = 0; p < 2; ++p) {
+      __m256i lo, hi;
+      load_pair(blk[2 * p], blk[2 * p + 1], lo, hi);
+      int8_t* q = buf + b * kBufferBlockBytes + p * 128;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32), hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 64), _mm256_abs_epi8(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 96), _mm256_abs_epi8(hi));
     }
   }
 }
@@ -150,7 +183,7 @@ void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t 
   thread_local std::vector<float> bufd;
   if (buffered) {
     buf.resize(size_t(blocks * kBufferBlockBytes));
-    bufd.resize(size_t(blocks * 4));
+    bufd.resize(size_t(blocks * 16));
     unpack_tile<kPacked>(wr, blocks, buf.data(), bufd.data());
   }
   float out[4][2];
