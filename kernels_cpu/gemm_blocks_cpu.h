@@ -1,8 +1,9 @@
 // Integer-dot GEMM on GGUF's 32-element weight blocks (Q8_0, Q4_0), as llama.cpp runs them on
 // AVX2: each activation row is quantized once per call to int8 in blocks of 32 (scale amax/127,
 // like Q8_0), and every block pair costs one int8 dot scaled by d_w·d_x and accumulated in float.
-// This header is what the two formats share (gemm_blocks_cpu.cpp: activation quantization, the
-// tile packing, threading); the block dots live in gemm_q8_0_cpu.cpp and gemm_q4_0_cpu.cpp.
+// This header is what the two formats share: the walk over tiles and threads, activation
+// quantization and the tile packing (gemm_blocks_cpu.cpp), and the AVX2 tile runner and helpers
+// (below); the block dots themselves live in gemm_q8_0_cpu.cpp and gemm_q4_0_cpu.cpp.
 //
 // WeightView::kernel_variant for Q8_0 / Q4_0 on the CPU:
 //   0  the default: AVX2 (+FMA, F16C) when the CPU has it, otherwise portable scalar code
