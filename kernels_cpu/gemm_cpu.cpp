@@ -1,5 +1,6 @@
-// y[m][n] = x[m][k] · W[n][k]ᵀ for float and GGUF-block weights. Quantized and half-precision rows
-// are unpacked a few rows at a time into a small per-thread buffer (never a float copy of the
+// y[m][n] = x[m][k] · W[n][k]ᵀ for float weights and the GGUF k-quants; int8, int4, Q8_0 and Q4_0
+// have integer-dot kernels of their own (dispatched below). Half-precision and k-quant rows are
+// unpacked a few rows at a time into a small per-thread buffer (never a float copy of the
 // matrix), then reused across all m rows of x.
 #include <immintrin.h>
 #include <omp.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "gemm_blocks_cpu.h"
 #include "kernels_cpu.h"
 #include "tessera/error.h"
 
@@ -154,6 +156,7 @@ bool gemm_supports(DType dtype) {
 void prepare_weight(WeightView& w) {
   if (w.dtype == DType::F32) prepare_weight_f32(w);
   if (w.dtype == DType::I8) prepare_weight_i8(w);
+  if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) prepare_weight_blocks(w);
 }
 
 void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
@@ -162,6 +165,8 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   }
   if (w.dtype == DType::I8) return gemm_i8(x, m, w, y);
   if (w.dtype == DType::I4) return gemm_i4(x, m, w, y);
+  if (w.dtype == DType::Q8_0) return gemm_q8_0(x, m, w, y);
+  if (w.dtype == DType::Q4_0) return gemm_q4_0(x, m, w, y);
   if (m <= 0) return;
   if (w.dtype == DType::F32) {
     // Packed panels first; the rows after the last full panel are row-major (few, one thread).

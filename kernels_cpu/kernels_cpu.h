@@ -51,7 +51,7 @@ void attention(const AttentionArgs& args, const KvLayerView& kv);
 void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores);
 void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out);
 
-// Row of any supported weight type to float (vectorised for f16, bf16, Q8_0, Q4_0).
+// Row of any supported weight type to float (vectorised for f16 and bf16).
 void unpack_row(DType dtype, const void* src, float* dst, int64_t n);
 
 // Dot product of two float vectors (AVX2+FMA when the CPU has it).

@@ -1,13 +1,17 @@
-// quantizer: gguf, through the real loader: blocks from the file are what the backend holds (byte
-// for byte, no float copy), keep_float expands only the named tensors, a backend without the block
-// kernel is refused by tensor and type, and the q8_0 model keeps its reference perplexity and
-// greedy tokens.
+// quantizer: gguf, through the real loader: blocks from the file are what the backend holds (every
+// block byte for byte, possibly reordered into the CPU's tiles; no float copy), keep_float expands
+// only the named tensors, a backend without the block kernel is refused by tensor and type, the CPU
+// integer-dot kernels match a double-precision reference on awkward shapes, and the q8_0 model
+// keeps its reference perplexity and greedy tokens.
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +22,7 @@
 #include "tessera/error.h"
 #include "tessera/eval.h"
 #include "tessera/gguf.h"
+#include "tessera/quantize_blocks.h"
 #include "tessera/quantizer.h"
 #include "tessera/synth.h"
 
@@ -42,7 +47,47 @@ bool is_linear(const GgufTensor& t) {
   return t.shape.size() == 2 && t.name != "token_embd.weight";
 }
 
-TEST(Gguf, Q8BlocksAreUploadedByteForByte) {
+// The CPU backend's prepare_weight interleaves the blocks of each whole 4-row tile (row 0 block 0,
+// row 1 block 0, ..., row 3 block 0, row 0 block 1, ...) and marks the view with this kernel_variant
+// flag (kernels_cpu/gemm_blocks_cpu.h); a last partial tile stays row-major.
+constexpr int32_t kCpuPackedTiles = 1 << 8;
+constexpr int32_t kCpuScalarVariant = 2;
+
+bool cpu_packs_blocks() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+// Where block b of row r lies in the bytes a view holds.
+size_t held_block_offset(const WeightView& v, int64_t r, int64_t b) {
+  const size_t bb = dtype_block_bytes(v.dtype);
+  const size_t row = dtype_row_bytes(v.dtype, v.cols);
+  const int64_t tile = r / 4 * 4;
+  if ((v.kernel_variant & kCpuPackedTiles) != 0 && tile + 4 <= v.rows) {
+    return size_t(tile) * row + size_t(b * 4 + (r - tile)) * bb;
+  }
+  return size_t(r) * row + size_t(b) * bb;
+}
+
+// Every block of the source is held unchanged (scale and quants), at its place in the layout.
+void expect_blocks_as_stored(Backend& b, const Linear& l, const uint8_t* file, size_t nbytes) {
+  const WeightView v = l.view();
+  ASSERT_EQ(dtype_row_bytes(v.dtype, v.cols) * size_t(v.rows), nbytes);
+  if (cpu_packs_blocks()) EXPECT_NE(v.kernel_variant & kCpuPackedTiles, 0) << "AVX2 CPUs stream packed tiles";
+  std::vector<uint8_t> held(nbytes);
+  b.copy_to_host(held.data(), v.data, nbytes);
+  const size_t bb = dtype_block_bytes(v.dtype);
+  const size_t row = dtype_row_bytes(v.dtype, v.cols);
+  const int64_t blocks = int64_t(row / bb);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      ASSERT_EQ(std::memcmp(held.data() + held_block_offset(v, r, blk), file + size_t(r) * row + size_t(blk) * bb, bb), 0)
+          << "row " << r << " block " << blk;
+    }
+  }
+}
+
+TEST(Gguf, Q8BlocksAreTheFileBlocksInTileOrder) {
   auto file = GgufFile::open(test::kStoriesQ8);
   auto q = gguf();
   Backend& b = *cpu_backend();
@@ -54,15 +99,27 @@ TEST(Gguf, Q8BlocksAreUploadedByteForByte) {
     EXPECT_EQ(l->format(), std::string(dtype_name(t.dtype)));
     EXPECT_EQ(l->resident_bytes(), t.nbytes) << "no float copy, no extra memory";
     EXPECT_EQ(l->view().dtype, t.dtype);
-    // The CPU backend packs f32 weights into panels (Backend::prepare_weight); blocks stay as stored.
-    if (t.dtype != DType::F32) {
-      std::vector<uint8_t> held(t.nbytes);
-      b.copy_to_host(held.data(), l->view().data, t.nbytes);
-      EXPECT_EQ(std::memcmp(held.data(), t.data, t.nbytes), 0);
+    // Blocks keep the file's bytes, only reordered into tiles; f32 tensors (ffn_down here) are
+    // packed into panels of transposed rows, which the conformance suite checks by result.
+    if (t.dtype == DType::Q8_0) {
+      expect_blocks_as_stored(b, *l, static_cast<const uint8_t*>(t.data), t.nbytes);
+      ++q8_tensors;
     }
-    if (t.dtype == DType::Q8_0) ++q8_tensors;
   }
   EXPECT_GE(q8_tensors, 30);
+}
+
+TEST(Gguf, PartialTilesStayRowMajor) {
+  // 7 rows: one packed tile, then three rows as the file has them.
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t n = 7, k = 96;
+    const auto w = test::random_floats(size_t(n * k), 5);
+    std::vector<uint8_t> bytes(dtype_row_bytes(t, k) * size_t(n));
+    for (int64_t r = 0; r < n; ++r) quantize_row(t, w.data() + r * k, bytes.data() + size_t(r) * dtype_row_bytes(t, k), k);
+    auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", t, bytes.data(), n, k});
+    expect_blocks_as_stored(*cpu_backend(), *l, bytes.data(), bytes.size());
+  }
 }
 
 TEST(Gguf, ModelHoldsTheFileTensorsAsStored) {
@@ -166,16 +223,173 @@ TEST(Gguf, BackendWithoutTheBlockKernelIsRefusedByTensorAndType) {
   EXPECT_EQ(l->format(), "f32 (keep_float)");
 }
 
+// ---- the CPU integer-dot kernels --------------------------------------------------------------
+// Q8_0 and Q4_0 run as llama.cpp does: x is quantized per block of 32 (d = amax/127, q = round(x/d)
+// to nearest even) and each block pair is an int8 dot times d_w·d_x, summed in float. So the exact
+// answer is the dot of the dequantized weights with the dequantized activations; all that may
+// differ is float rounding of the block sums (a few ulps of Σ|w·x|).
+
+std::vector<double> q8_activations(const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    const float* xb = x.data() + b * 32;
+    float amax = 0;
+    for (int c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(xb[c]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    for (int c = 0; c < 32; ++c) out[b * 32 + c] = double(std::nearbyint(xb[c] * id)) * double(d);
+  }
+  return out;
+}
+
+struct BlockGemmCase {
+  DType t;
+  int64_t m, n, k;
+  std::vector<uint8_t> bytes;  // the weight as a file stores it
+  std::vector<float> x;
+  std::vector<double> want, mag;  // reference y, and Σ|w·x| per output
+};
+
+BlockGemmCase block_case(DType t, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  BlockGemmCase c{t, m, n, k, {}, test::random_floats(size_t(m * k), seed + 1, -3, 3), {}, {}};
+  auto w = test::random_floats(size_t(n * k), seed, -2, 2);
+  if (n >= 3) std::fill(w.begin() + 2 * k, w.begin() + 3 * k, 0.0f);  // W row 2 zero: scale 0
+  if (m >= 2) std::fill(c.x.begin() + k, c.x.begin() + 2 * k, 0.0f);  // x row 1 zero
+  if (m >= 3) c.x[size_t(2 * k + k - 1)] = 1e4f;                      // one huge activation
+  const size_t row = dtype_row_bytes(t, k);
+  c.bytes.resize(row * size_t(n));
+  for (int64_t r = 0; r < n; ++r) quantize_row(t, w.data() + r * k, c.bytes.data() + size_t(r) * row, k);
+  if (t == DType::Q8_0) {
+    // ggml never writes -128, but a file may hold it; the last row gets one per block.
+    for (int64_t b = 0; b < k / 32; ++b) c.bytes[size_t(n - 1) * row + size_t(b) * 34 + 2 + size_t(b % 32)] = 0x80;
+  }
+  std::vector<float> wd(size_t(n * k));
+  for (int64_t r = 0; r < n; ++r) dequantize_row(t, c.bytes.data() + size_t(r) * row, wd.data() + r * k, k);
+  const auto xd = q8_activations(c.x);
+  c.want.resize(size_t(m * n));
+  c.mag.resize(c.want.size());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0, abs_acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double prod = xd[size_t(i * k + p)] * double(wd[size_t(j * k + p)]);
+        acc += prod;
+        abs_acc += std::fabs(prod);
+      }
+      c.want[size_t(i * n + j)] = acc;
+      c.mag[size_t(i * n + j)] = abs_acc;
+    }
+  }
+  return c;
+}
+
+// y from a view of the file's bytes as they are (not prepared), with the given kernel variant.
+std::vector<float> raw_gemm(const BlockGemmCase& c, int32_t variant) {
+  Backend& b = *cpu_backend();
+  DeviceBuffer wb(b, c.bytes.size()), xb(b, c.x.size() * sizeof(float)), yb(b, size_t(c.m * c.n) * sizeof(float));
+  wb.upload(c.bytes.data(), c.bytes.size());
+  xb.upload(c.x.data(), c.x.size() * sizeof(float));
+  WeightView view{wb.get(), c.t, c.n, c.k};
+  view.kernel_variant = variant;
+  b.gemm(xb.as<float>(), c.m, view, yb.as<float>());
+  b.synchronize();
+  std::vector<float> y(size_t(c.m * c.n));
+  b.copy_to_host(y.data(), yb.get(), y.size() * sizeof(float));
+  return y;
+}
+
+void expect_near_reference(const BlockGemmCase& c, const std::vector<float>& y, const std::string& what) {
+  ASSERT_EQ(y.size(), c.want.size());
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      const size_t o = size_t(i * c.n + j);
+      ASSERT_LE(std::fabs(double(y[o]) - c.want[o]), 3e-6 * c.mag[o] + 1e-30) << what << " y[" << i << "][" << j << "]";
+    }
+  }
+  if (c.m >= 2) {
+    for (int64_t j = 0; j < c.n; ++j) EXPECT_EQ(y[size_t(c.n + j)], 0.0f) << what << ": zero x row";
+  }
+  if (c.n >= 3) {
+    for (int64_t i = 0; i < c.m; ++i) EXPECT_EQ(y[size_t(i * c.n + 2)], 0.0f) << what << ": zero W row";
+  }
+}
+
+// The packed default (through the quantizer, as a model runs), the default on row-major bytes and
+// the scalar code all match the reference; the two AVX2 layouts compute the same sums bit for bit.
+void check_block_gemm(const BlockGemmCase& c) {
+  SCOPED_TRACE(std::string(dtype_name(c.t)) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+               " k=" + std::to_string(c.k));
+  auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", c.t, c.bytes.data(), c.n, c.k});
+  const auto packed = test::linear_forward(*l, c.x, c.m);
+  expect_near_reference(c, packed, "packed");
+  const auto rows = raw_gemm(c, 0);
+  expect_near_reference(c, rows, "row-major");
+  EXPECT_EQ(packed, rows);
+  expect_near_reference(c, raw_gemm(c, kCpuScalarVariant), "scalar");
+}
+
+TEST(Gguf, BlockKernelsMatchTheReferenceOnAwkwardShapes) {
+  uint64_t seed = 1;
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (int64_t k : {32, 64, 96, 800}) {
+      for (int64_t m : {1, 2, 3, 17}) {
+        for (int64_t n : {1, 5, 7, 13}) {
+          check_block_gemm(block_case(t, m, n, k, seed));
+          seed += 2;
+        }
+      }
+    }
+  }
+}
+
+TEST(Gguf, ThreadedBlockKernelsMatchOneThread) {
+  // Past both fork thresholds (work and bytes streamed) with a ragged last tile; decode (m = 1)
+  // forks by bytes alone.
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    for (int64_t m : {1, 17}) {
+      const BlockGemmCase c = block_case(t, m, 601, 800, 100 + uint64_t(m));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(m));
+      cpu_backend()->set_threads(4);
+      check_block_gemm(c);
+      auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", t, c.bytes.data(), c.n, c.k});
+      const auto threaded = test::linear_forward(*l, c.x, c.m);
+      cpu_backend()->set_threads(1);
+      EXPECT_EQ(test::linear_forward(*l, c.x, c.m), threaded);
+      // A row of the batch is that row alone (prefill vs decode).
+      const std::vector<float> last(c.x.end() - c.k, c.x.end());
+      EXPECT_EQ(test::linear_forward(*l, last, 1), std::vector<float>(threaded.end() - c.n, threaded.end()));
+    }
+  }
+  cpu_backend()->set_threads(int(std::max(1u, std::thread::hardware_concurrency())));  // the default again
+}
+
+TEST(Gguf, BlockKernelsRefuseAnUnknownVariant) {
+  const BlockGemmCase c = block_case(DType::Q4_0, 1, 4, 64, 7);
+  try {
+    raw_gemm(c, 1);
+    FAIL() << "variant 1 accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("q4_0"));
+    EXPECT_THAT(e.what(), HasSubstr("variant 1"));
+  }
+}
+
 TEST(Gguf, Q8PerplexityWithinOnePercentOfTheReference) {
   auto p = test::cpu_pipeline(test::kStoriesQ8, {{"quantizer", {{"plugin", "gguf"}}}});
   const auto tokens = p->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
   EXPECT_NEAR(perplexity(*p, tokens, 128).perplexity, 4.7733, 4.7733 * 0.01);
 }
 
-TEST(Gguf, Q8GreedyFollowsTheReference) {
-  // The reference quantizes activations inside its Q8_0 dots; we do not. golden/README.md allows a
-  // divergence after a near-tie, so require a long common prefix.
+TEST(Gguf, Q8GreedyFollowsTheReferenceUpToNearTies) {
+  // The reference (llama.cpp) quantizes activations inside its Q8_0 dots, as our kernels do, but
+  // not to the same bits (fp16 activation scales, other kernels for the attention and norms, another
+  // summation order), so golden/README.md allows a divergence after a near-tie. Where we part from
+  // the reference, its token must be within 0.25 nats of ours: the ties met on these prompts are
+  // 0.004-0.05 nats apart in the exact f32 forward pass, and 8-bit activations move such gaps by up
+  // to ~0.15 nats (measured on these prompts); a wrong kernel parts at a clear choice, nats apart.
+  // And most prompts agree for a long stretch.
   auto p = test::cpu_pipeline(test::kStoriesQ8, {{"quantizer", {{"plugin", "gguf"}}}});
+  int long_agreements = 0, prompts = 0;
   for (const auto& item : test::read_json(test::kShared + "/golden/stories260K-q8_0.greedy96.json")) {
     const std::vector<int32_t> prompt = item.at("prompt_token_ids");
     const std::vector<int32_t> want = item.at("completion_token_ids");
@@ -184,14 +398,29 @@ TEST(Gguf, Q8GreedyFollowsTheReference) {
     GenerationRequest req;
     req.prompt = prompt;
     req.max_tokens = 96;
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.logprobs = 5;
+    req.sampling = greedy;
     engine.submit(std::move(req));
     engine.run_until_idle();
     const auto results = engine.take_finished();
     ASSERT_EQ(results.size(), 1u);
+    const GenerationResult& r = results[0];
     size_t same = 0;
-    while (same < want.size() && same < results[0].tokens.size() && results[0].tokens[same] == want[same]) ++same;
-    EXPECT_GE(same, 32u);
+    while (same < want.size() && same < r.tokens.size() && r.tokens[same] == want[same]) ++same;
+    ++prompts;
+    if (same >= 48) ++long_agreements;
+    if (same == want.size()) continue;
+    ASSERT_LT(same, r.top_logprobs.size());
+    const auto& top = r.top_logprobs[same];
+    const auto theirs = std::find_if(top.begin(), top.end(), [&](const TokenLogprob& t) { return t.token == want[same]; });
+    ASSERT_NE(theirs, top.end()) << "at token " << same << " the reference's " << want[same] << " is not in our top 5";
+    EXPECT_LT(r.logprobs[same] - theirs->logprob, 0.25) << "parted from the reference at token " << same
+                                                        << " with a clear choice, not a near-tie";
   }
+  EXPECT_EQ(prompts, 5);
+  EXPECT_GE(long_agreements, 4) << "agree with the reference for 48+ tokens on most prompts";
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+// What the Q8_0 and Q4_0 integer-dot gemms share: activation quantization, the packed tile layout,
+// and the walk over tiles and threads (see gemm_blocks_cpu.h).
+//
+// prepare_weight_blocks() packs the default variant's weights (flag kBlockTilesPacked): each full
+// tile of four rows stores its blocks interleaved — row 0 block 0, row 1 block 0, row 2 block 0,
+// row 3 block 0, row 0 block 1, ... — so a thread reads its band of W as one sequential stream (with
+// a software prefetch ahead of it), which is what lets decode run at memory speed; four rows read
+// side by side ran at about half of it. The bytes stay the file's blocks, whole and unchanged (fp16
+// scale and quants together); only their order changes. There is no float copy. A last tile of
+// fewer than four rows stays row-major.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gemm_blocks_cpu.h"
+#include "tessera/error.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+constexpr int32_t kVariantDefault = 0;
+constexpr int32_t kVariantScalar = 2;
+constexpr int64_t kRowsPerTile = 4;  // weight rows sharing each activation load
+constexpr int64_t kBlockM = 64;      // x rows kept hot in cache while a thread walks its W rows
+
+// One row of x -> int8 per block of 32, scale d = amax/127 and q = round(x / d) to nearest even
+// (llama.cpp's Q8_0 activations; the scale stays float here). The AVX2 version does the same float
+// operations, so both produce identical bytes.
+void quantize_row_scalar(const float* x, int64_t k, int8_t* q, float* d) {
+  for (int64_t b = 0; b < k / kQBlock; ++b) {
+    const float* xb = x + b * kQBlock;
+    float amax = 0;
+    for (int64_t c = 0; c < kQBlock; ++c) amax = std::max(amax, std::fabs(xb[c]));
+    const float db = amax / 127.0f;
+    const float id = db != 0 ? 1.0f / db : 0.0f;
+    for (int64_t c = 0; c < kQBlock; ++c) {
+      q[b * kQBlock + c] = static_cast<int8_t>(std::clamp(std::lrintf(xb[c] * id), -128L, 127L));
+    }
+    d[b] = db;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* x, int64_t k, int8_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // packs interleaves 128-bit lanes; this puts the 4-byte groups back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / kQBlock; ++b) {
+    const float* xb = x + b * kQBlock;
+    const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+                 v3 = _mm256_loadu_ps(xb + 24);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(abs_mask, v0), _mm256_and_ps(abs_mask, v1)),
+                                   _mm256_max_ps(_mm256_and_ps(abs_mask, v2), _mm256_and_ps(abs_mask, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float db = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(db != 0 ? 1.0f / db : 0.0f);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, id));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, id));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, id));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, id));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQBlock), _mm256_permutevar8x32_epi32(p, order));
+    d[b] = db;
+  }
+}
+
+void quantize_rows(const float* x, int64_t i0, int64_t i1, int64_t k, int8_t* xq, float* xd, bool avx2) {
+  const int64_t blocks = k / kQBlock;
+  for (int64_t i = i0; i < i1; ++i) {
+    if (avx2) {
+      quantize_row_avx2(x + i * k, k, xq + i * k, xd + i * blocks);
+    } else {
+      quantize_row_scalar(x + i * k, k, xq + i * k, xd + i * blocks);
+    }
+  }
+}
+
+// y rows [0, m) x W rows [j0, j1), with x already quantized. j0 is a multiple of kRowsPerTile.
+void gemm_rows(const BlockActivations& x, int64_t m, const WeightView& w, int64_t j0, int64_t j1, float* y,
+               const BlockKernels& kern, bool avx2) {
+  const int64_t n = w.rows;
+  const int64_t row_bytes = (w.cols / kQBlock) * int64_t(kern.block_bytes);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const bool packed = (w.kernel_variant & kBlockTilesPacked) != 0;
+  for (int64_t ib = 0; ib < m; ib += kBlockM) {
+    const int64_t ie = std::min(m, ib + kBlockM);
+    for (int64_t j = j0; j < j1; j += kRowsPerTile) {
+      const int64_t rows = std::min(kRowsPerTile, j1 - j);
+      // Packed only where the tile is whole (j1 < n only at a band edge, which is a tile edge).
+      const bool tile = packed && rows == kRowsPerTile;
+      const uint8_t* wr[kRowsPerTile];
+      for (int64_t r = 0; r < kRowsPerTile; ++r) wr[r] = base + (j + std::min(r, rows - 1)) * row_bytes;
+      (avx2 ? kern.avx2[tile] : kern.scalar)(wr, x, ib, ie, y + ib * n + j, n, rows);
+    }
+  }
+}
+
+}  // namespace
+
+bool has_avx2_f16c() {
+  static const bool value = [] {
+    __builtin_cpu_init();
+    return has_avx2() && __builtin_cpu_supports("f16c");
+  }();
+  return value;
+}
+
+void prepare_weight_blocks(WeightView& w) {
+  // Only the default variant reads packed tiles, and only with AVX2 (the scalar code reads rows);
+  // a view is packed once.
+  if (w.kernel_variant != kVariantDefault || !has_avx2_f16c()) return;
+  const size_t row_bytes = dtype_row_bytes(w.dtype, w.cols);
+  const size_t bb = dtype_block_bytes(w.dtype);
+  const size_t blocks = row_bytes / bb;
+  auto* data = static_cast<uint8_t*>(const_cast<void*>(w.data));
+  std::vector<uint8_t> rows(kRowsPerTile * row_bytes);
+  for (int64_t j = 0; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
+    uint8_t* tile = data + size_t(j) * row_bytes;
+    std::memcpy(rows.data(), tile, rows.size());
+    for (size_t b = 0; b < blocks; ++b) {
+      for (size_t r = 0; r < size_t(kRowsPerTile); ++r) {
+        std::memcpy(tile + (b * kRowsPerTile + r) * bb, rows.data() + r * row_bytes + b * bb, bb);
+      }
+    }
+  }
+  w.kernel_variant |= kBlockTilesPacked;
+}
+
+void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kern) {
+  const int32_t variant = w.kernel_variant & ~kBlockTilesPacked;
+  if (variant != kVariantDefault && variant != kVariantScalar) {
+    throw Error("cpu gemm on " + std::string(kern.name) + ": unknown kernel variant " + std::to_string(variant) +
+                " (0 = default, 2 = scalar)");
+  }
+  const bool avx2 = variant == kVariantDefault && has_avx2_f16c();
+  if ((w.kernel_variant & kBlockTilesPacked) != 0 && !avx2) {
+    throw Error("cpu gemm on " + std::string(kern.name) + ": a view packed into tiles needs the AVX2 kernel");
+  }
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  if (k % kQBlock != 0) {
+    throw Error("cpu gemm on " + std::string(kern.name) + ": k = " + std::to_string(k) +
+                " is not a whole number of 32-element blocks");
+  }
+  if (m <= 0 || n <= 0) return;
+  // The calling thread's scratch, shared read-only with the team below.
+  thread_local std::vector<int8_t> xq_buf;
+  thread_local std::vector<float> xd_buf;
+  xq_buf.resize(size_t(m * k));
+  xd_buf.resize(size_t(m * (k / kQBlock)));
+  int8_t* xq = xq_buf.data();
+  float* xd = xd_buf.data();
+  const int64_t weight_bytes = n * (k / kQBlock) * int64_t(kern.block_bytes);
+  if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
+    quantize_rows(x, 0, m, k, xq, xd, avx2);
+    gemm_rows({xq, xd, k}, m, w, 0, n, y, kern, avx2);
+    return;
+  }
+  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    // Quantize x together (rows split evenly), then each thread takes a contiguous band of W.
+    const int64_t per_m = (m + nt - 1) / nt;
+    quantize_rows(x, std::min(m, per_m * t), std::min(m, per_m * (t + 1)), k, xq, xd, avx2);
+#pragma omp barrier
+    const int64_t per = (tiles + nt - 1) / nt;
+    const int64_t j0 = std::min(n, per * t * kRowsPerTile);
+    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
+    if (j0 < j1) gemm_rows({xq, xd, k}, m, w, j0, j1, y, kern, avx2);
+  }
+}
+
+}  // namespace tessera::cpu

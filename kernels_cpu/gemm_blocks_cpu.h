@@ -1,0 +1,180 @@
+// Integer-dot GEMM on GGUF's 32-element weight blocks (Q8_0, Q4_0), as llama.cpp runs them on
+// AVX2: each activation row is quantized once per call to int8 in blocks of 32 (scale amax/127,
+// like Q8_0), and every block pair costs one int8 dot scaled by d_w·d_x and accumulated in float.
+// This header is what the two formats share: the walk over tiles and threads, activation
+// quantization and the tile packing (gemm_blocks_cpu.cpp), and the AVX2 tile runner and helpers
+// (below); the block dots themselves live in gemm_q8_0_cpu.cpp and gemm_q4_0_cpu.cpp.
+//
+// WeightView::kernel_variant for Q8_0 / Q4_0 on the CPU:
+//   0  the default: AVX2 (+FMA, F16C) when the CPU has it, otherwise portable scalar code
+//   2  the scalar code, whatever the CPU (for tests and comparisons; same number as the i8 gemm's)
+// plus the flag kBlockTilesPacked, set by prepare_weight_blocks().
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels_cpu.h"
+
+namespace tessera::cpu {
+
+inline constexpr int64_t kQBlock = 32;                 // elements per weight and activation block
+inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
+inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream
+
+// x quantized per block of 32: q [m][k] int8, d [m][k/32] block scales.
+struct BlockActivations {
+  const int8_t* q;
+  const float* d;
+  int64_t k;
+};
+
+// One tile of four weight rows against x rows [i0, i1): y[i * ldy + r] for r < rows (y points at
+// the tile's first column). w: the four rows' starts (row-major; a short tile repeats its last
+// row), or for a packed tile its start in w[0]. Each output is computed the same way whatever
+// i0, i1 and the layout (so a row of a batch equals that row alone, bit for bit):
+//   y[i][r] = Σ_b d_w[r][b] · d_x[i][b] · (q_w[r][b] · q_x[i][b])
+// with the int8 dot exact and the sum over blocks in float.
+using BlockTileFn = void (*)(const uint8_t* const* w, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                             int64_t ldy, int64_t rows);
+
+struct BlockKernels {
+  const char* name;    // the dtype, for error messages
+  size_t block_bytes;  // bytes of one weight block
+  BlockTileFn avx2[2]; // [packed]
+  BlockTileFn scalar;  // row-major
+};
+
+// From this many x rows a tile's blocks are first unpacked into a small per-thread buffer (int8
+// and float scales, L1-resident) and every x row reuses it (prefill); fewer rows read the blocks
+// in place (decode).
+inline constexpr int64_t kBlockBufferRows = 4;
+
+// Stores out[r][q] (q < kx) into y rows i, i+1 (kx = 2) for r < rows.
+inline void store_tile(const float (*out)[2], int kx, float* y, int64_t ldy, int64_t rows) {
+  for (int q = 0; q < kx; ++q) {
+    for (int64_t r = 0; r < rows; ++r) y[q * ldy + r] = out[r][q];
+  }
+}
+
+// ---- AVX2 pieces of the Q8_0 and Q4_0 kernels ---------------------------------------------------
+// Both put two weight rows in one register (rows 2p and 2p+1 in its two 128-bit halves), so one
+// int32 -> float conversion and one FMA serve two rows, and each x block is duplicated to match.
+// Each output's float sum therefore has 4 lanes per row (lane j: elements 4j..4j+3 and
+// 16+4j..16+4j+3), whichever way the blocks are read:
+//   in place (rows, packed)  decode: the tile's blocks as stored, scales converted per block
+//   buffer                   prefill: the tile unpacked once per thread (Format::unpack), reused
+// and the same operations in the same order, so results do not depend on the batch.
+
+enum class BlockSource { rows, packed, buffer };
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum4(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// The four rows' fp16 block scales (blocks at b[0..3]) as four floats: one conversion per tile step.
+__attribute__((target("avx2,fma,f16c"))) inline __m128 scales4(const uint8_t* const* b) {
+  const uint64_t h = uint64_t(load_u16(b[0])) | uint64_t(load_u16(b[1])) << 16 | uint64_t(load_u16(b[2])) << 32 |
+                     uint64_t(load_u16(b[3])) << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(h)));
+}
+
+// Block b of the tile's four rows (kBytes per block), and a prefetch of the packed stream ahead.
+template <int64_t kBytes, bool kPacked>
+inline void block_ptrs(const uint8_t* const* wr, int64_t b, const uint8_t** blk) {
+  for (int r = 0; r < 4; ++r) blk[r] = kPacked ? wr[0] + (b * 4 + r) * kBytes : wr[r] + b * kBytes;
+  if constexpr (kPacked) {
+    const char* next = reinterpret_cast<const char*>(blk[0]) + kBlockPrefetchBytes;
+    for (int64_t line = 0; line < 4 * kBytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+  }
+}
+
+// In the buffer each row's scale is stored four times, [row 2p x4 | row 2p+1 x4] per pair, so the
+// pair's scales are one load.
+inline constexpr int64_t kBufferScalesPerBlock = 16;
+
+__attribute__((target("avx2,fma"))) inline void store_spread_scales(float* bufd, int64_t b, __m128 d) {
+  float s[4];
+  _mm_storeu_ps(s, d);
+  for (int r = 0; r < 4; ++r) _mm_storeu_ps(bufd + b * kBufferScalesPerBlock + 4 * r, _mm_set1_ps(s[r]));
+}
+
+// The scales of row pair p (index = 2b + p) against one x row, [d_w[2p]·d_x x4 | d_w[2p+1]·d_x x4]:
+// taken out of sc (lanes 0-3: d_w[r]·d_x) in place, or the buffer's spread d_w times d_x. Same
+// products either way.
+template <BlockSource kSrc>
+__attribute__((target("avx2,fma"))) inline __m256 pair_scale(__m256 sc, __m256 dx, const float* bufd, int64_t index,
+                                                              int p) {
+  if constexpr (kSrc == BlockSource::buffer) {
+    return _mm256_mul_ps(_mm256_loadu_ps(bufd + 8 * index), dx);
+  } else {
+    const __m256i lanes = p == 0 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm256_permutevar8x32_ps(sc, lanes);
+  }
+}
+
+// BlockTileFn for a format: Format::tile<kX, BlockSource> (out[r][i] for the tile's four rows and
+// kX x rows) and Format::unpack<kPacked> (the tile into the buffer, Format::kBufferBlockBytes and
+// kBufferScalesPerBlock floats per block).
+template <class Format, bool kPacked>
+void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                   int64_t ldy, int64_t rows) {
+  constexpr BlockSource kInPlace = kPacked ? BlockSource::packed : BlockSource::rows;
+  const int64_t blocks = x.k / kQBlock;
+  const bool buffered = i1 - i0 >= kBlockBufferRows;
+  thread_local std::vector<uint8_t> buf;
+  thread_local std::vector<float> bufd;
+  if (buffered) {
+    buf.resize(size_t(blocks * Format::kBufferBlockBytes));
+    bufd.resize(size_t(blocks * kBufferScalesPerBlock));
+    Format::template unpack<kPacked>(wr, blocks, buf.data(), bufd.data());
+  }
+  float out[4][2];
+  int64_t i = i0;
+  for (; i + 2 <= i1; i += 2) {
+    const int8_t* xr[2] = {x.q + i * x.k, x.q + (i + 1) * x.k};
+    const float* dr[2] = {x.d + i * blocks, x.d + (i + 1) * blocks};
+    if (buffered) {
+      Format::template tile<2, BlockSource::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+    } else {
+      Format::template tile<2, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
+    }
+    store_tile(out, 2, y + (i - i0) * ldy, ldy, rows);
+  }
+  if (i < i1) {
+    const int8_t* xr[1] = {x.q + i * x.k};
+    const float* dr[1] = {x.d + i * blocks};
+    if (buffered) {
+      Format::template tile<1, BlockSource::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+    } else {
+      Format::template tile<1, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
+    }
+    store_tile(out, 1, y + (i - i0) * ldy, ldy, rows);
+  }
+}
+
+// y[m][n] = x[m][k] · W[n][k]ᵀ with the given block kernels. m = 0 only validates the view.
+void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kernels);
+
+// Whether the AVX2 block kernels can run (AVX2, FMA and F16C for the fp16 block scales).
+bool has_avx2_f16c();
+
+void gemm_q8_0(const float* x, int64_t m, const WeightView& w, float* y);
+void gemm_q4_0(const float* x, int64_t m, const WeightView& w, float* y);
+
+// Backend::prepare_weight for Q8_0 and Q4_0 (see gemm_blocks_cpu.cpp for the layout).
+void prepare_weight_blocks(WeightView& w);
+
+}  // namespace tessera::cpu
