@@ -299,11 +299,19 @@ TEST_P(DecoderConformance, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
       EXPECT_NEAR(it.top_logprobs[0][k].logprob, logprob(order[k]), 1e-5);
     }
   }
-  // Without a request for alternatives, only the chosen token's logprob comes back.
+  // logprobs 0: only the chosen token's comes back; -1 (the default): none at all.
   uint64_t rng = 1;
-  std::vector<DecodeItem> items = {item(1, logits, params(0.0), {}, &rng)};
+  SamplingParams chosen_only = params(0.0);
+  chosen_only.logprobs = 0;
+  std::vector<DecodeItem> items = {item(1, logits, chosen_only, {}, &rng)};
   decoder_->select(items);
   EXPECT_EQ(items[0].logprobs.size(), items[0].tokens.size());
+  EXPECT_NEAR(items[0].logprobs[0], logprob(items[0].tokens[0]), 1e-5);
+  EXPECT_TRUE(items[0].top_logprobs.empty());
+  items = {item(1, logits, params(0.0), {}, &rng)};
+  decoder_->select(items);
+  EXPECT_FALSE(items[0].tokens.empty());
+  EXPECT_TRUE(items[0].logprobs.empty());
   EXPECT_TRUE(items[0].top_logprobs.empty());
 }
 
