@@ -11,6 +11,7 @@
 // prepare_weight() packs the default variant's weights into 16-row panels that the AVX2 kernel in
 // gemm_i8_panels_cpu.cpp reads (flag kI8PackedPanels); the rows after the last full panel, and
 // every other variant, read row-major weights here.
+//
 // A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
 // is missing.
 #include <immintrin.h>
@@ -31,9 +32,6 @@
 
 #include <dnnl.hpp>
 #endif
-
-
-
 
 namespace tessera::cpu {
 
