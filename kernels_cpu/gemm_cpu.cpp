@@ -153,6 +153,7 @@ bool gemm_supports(DType dtype) {
 
 void prepare_weight(WeightView& w) {
   if (w.dtype == DType::I8) prepare_weight_i8(w);
+  if (w.dtype == DType::I4) prepare_weight_i4(w);
 }
 
 void gemm(const float* x, int64_t m, const WeightView& w, float* y) {

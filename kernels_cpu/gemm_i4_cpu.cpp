@@ -12,16 +12,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "tessera/error.h"
 
 namespace tessera::cpu {
 
 namespace {
 
-constexpr int64_t kBlock = 32;       // activation quantization block (elements)
-constexpr int64_t kRowsPerTile = 4;  // weight rows sharing one pass over x
+// WeightView::kernel_variant for I4 on the CPU: 0 the default (AVX2 when the CPU has it and groups
+// are whole blocks of 32, otherwise the scalar code), 2 the scalar reference; plus the flag bit
+// prepare_weight_i4 sets.
+constexpr int32_t kVariantDefault = 0;
+constexpr int32_t kVariantReference = 2;
+constexpr int32_t kPackedTiles = 1 << 8;
+
+constexpr int64_t kBlock = 32;            // activation quantization block (elements)
+constexpr int64_t kRowsPerTile = 4;       // weight rows sharing one pass over x
+constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of a packed stream to prefetch
 
 // Reference: float arithmetic, any group size; used without AVX2.
 void gemm_i4_scalar(const float* x, int64_t m, const WeightView& w, float* y, int64_t j0, int64_t j1) {
@@ -108,93 +118,139 @@ __attribute__((target("avx2,fma"))) inline __m256 dot32(__m256i w, __m256i xq) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
-// Rows [j0, j1) of W against all m quantized rows of x. For m > 1 a tile's nibbles are unpacked
-// once into `tile` (4 rows x k bytes, L1-resident) and reused by every row of x.
-__attribute__((target("avx2,fma"))) void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w,
-                                                      float* y, int64_t j0, int64_t j1,
-                                                      std::vector<uint8_t>& tile) {
+// One tile's nibbles and per-group scales (and zeros): four row-major rows (any tile, a short one
+// repeating its last row), or one packed tile (kPacked: whole tiles only, pointers to its start).
+template <bool kPacked>
+struct Tile {
+  const uint8_t* w[kRowsPerTile];
+  const float* s[kRowsPerTile];
+  const float* z[kRowsPerTile];  // null: symmetric, zero point 8
+  const uint8_t* block(int64_t r, int64_t b) const {
+    return kPacked ? w[0] + b * (kRowsPerTile * kBlock / 2) + r * (kBlock / 2) : w[r] + b * (kBlock / 2);
+  }
+  float scale(int64_t r, int64_t gi) const { return kPacked ? s[0][gi * kRowsPerTile + r] : s[r][gi]; }
+  // Group gi's scales (zeros) of the four rows.
+  __attribute__((target("avx2,fma"))) __m128 scales(int64_t gi) const {
+    return kPacked ? _mm_loadu_ps(s[0] + gi * kRowsPerTile) : _mm_setr_ps(s[0][gi], s[1][gi], s[2][gi], s[3][gi]);
+  }
+  __attribute__((target("avx2,fma"))) __m128 zeros(int64_t gi) const {
+    if (z[0] == nullptr) return _mm_set1_ps(8.0f);
+    return kPacked ? _mm_loadu_ps(z[0] + gi * kRowsPerTile) : _mm_setr_ps(z[0][gi], z[1][gi], z[2][gi], z[3][gi]);
+  }
+};
+
+// One tile of W against all m quantized rows of x; writes y[i][0..rows) (y at the tile's column).
+// For m > 1 the tile's nibbles are unpacked once into `t` (4 rows x k bytes, L1-resident) and
+// reused by every row of x. Both layouts run the same arithmetic in the same order.
+template <bool kPacked>
+__attribute__((target("avx2,fma"))) void tile_avx2(const QuantizedX& xq, int64_t m, const Tile<kPacked>& tl,
+                                                   int64_t rows, int64_t k, int64_t g, float* y, int64_t n,
+                                                   __m256i* t) {
+  const int64_t groups = k / g;
+  const int64_t blocks = k / kBlock;
+  const int64_t blocks_per_group = g / kBlock;
+  const bool reuse = m > 1;
+  if (reuse) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t r = 0; r < kRowsPerTile; ++r) _mm256_storeu_si256(t + 4 * b + r, unpack32(tl.block(r, b)));
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* xr = xq.q.data() + i * k;
+    const float* xd = xq.d.data() + i * blocks;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+           a3 = _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const __m256 d0 = _mm256_set1_ps(tl.scale(0, gi)), d1 = _mm256_set1_ps(tl.scale(1, gi)),
+                   d2 = _mm256_set1_ps(tl.scale(2, gi)), d3 = _mm256_set1_ps(tl.scale(3, gi));
+      for (int64_t b = gi * blocks_per_group; b < (gi + 1) * blocks_per_group; ++b) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock));
+        const __m256 dx = _mm256_set1_ps(xd[b]);
+        __m256i u0, u1, u2, u3;
+        if (reuse) {
+          u0 = _mm256_loadu_si256(t + 4 * b + 0);
+          u1 = _mm256_loadu_si256(t + 4 * b + 1);
+          u2 = _mm256_loadu_si256(t + 4 * b + 2);
+          u3 = _mm256_loadu_si256(t + 4 * b + 3);
+        } else {
+          if constexpr (kPacked) {
+            // One 64-byte block per step: keep the stream's next lines on their way.
+            _mm_prefetch(reinterpret_cast<const char*>(tl.block(0, b)) + kPrefetchBytes, _MM_HINT_T0);
+          }
+          u0 = unpack32(tl.block(0, b));
+          u1 = unpack32(tl.block(1, b));
+          u2 = unpack32(tl.block(2, b));
+          u3 = unpack32(tl.block(3, b));
+        }
+        a0 = _mm256_fmadd_ps(dot32(u0, xv), _mm256_mul_ps(d0, dx), a0);
+        a1 = _mm256_fmadd_ps(dot32(u1, xv), _mm256_mul_ps(d1, dx), a1);
+        a2 = _mm256_fmadd_ps(dot32(u2, xv), _mm256_mul_ps(d2, dx), a2);
+        a3 = _mm256_fmadd_ps(dot32(u3, xv), _mm256_mul_ps(d3, dx), a3);
+      }
+    }
+    // Zero points: subtract s·z·Σx per group, the four rows side by side, in group order. The
+    // products of the first 4·⌊groups/4⌋ groups are rounded before they are added (the barrier
+    // keeps the compiler from fusing them), the rest fused: the exact arithmetic of the per-row
+    // loop this replaced as GCC vectorized it, so results did not change by a bit.
+    const float* gs = xq.gsum.data() + i * groups;
+    const int64_t rounded = groups & ~int64_t(3);
+    __m128 corr = _mm_setzero_ps();
+    for (int64_t gi = 0; gi < rounded; ++gi) {
+      __m128 p = _mm_mul_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]));
+      asm("" : "+x"(p));
+      corr = _mm_add_ps(corr, p);
+    }
+    for (int64_t gi = rounded; gi < groups; ++gi) {
+      corr = _mm_fmadd_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]), corr);
+    }
+    float c[kRowsPerTile];
+    _mm_storeu_ps(c, corr);
+    const float out[kRowsPerTile] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+    for (int64_t r = 0; r < rows; ++r) y[i * n + r] = out[r] - c[r];
+  }
+}
+
+// Rows [j0, j1) of W (j0 a multiple of kRowsPerTile) against all m quantized rows of x.
+void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y, int64_t j0, int64_t j1,
+                  std::vector<uint8_t>& scratch) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   const int64_t g = w.group_size;
   const int64_t groups = k / g;
-  const int64_t blocks = k / kBlock;
-  const int64_t blocks_per_group = g / kBlock;
   const auto* packed = static_cast<const uint8_t*>(w.data);
   const int64_t row_bytes = k / 2;
-  const bool reuse = m > 1;
-  if (reuse) tile.resize(size_t(kRowsPerTile * blocks * 32));
-  auto* t = reinterpret_cast<__m256i*>(tile.data());
+  const bool packed_tiles = (w.kernel_variant & kPackedTiles) != 0;
+  if (m > 1) scratch.resize(size_t(kRowsPerTile * k));
+  auto* t = reinterpret_cast<__m256i*>(scratch.data());
   for (int64_t j = j0; j < j1; j += kRowsPerTile) {
     const int64_t rows = std::min(kRowsPerTile, j1 - j);
-    // A short tile repeats its last row; only the real rows are stored.
-    int64_t jr[kRowsPerTile];
-    for (int64_t r = 0; r < kRowsPerTile; ++r) jr[r] = j + std::min(r, rows - 1);
-    const uint8_t* w0 = packed + jr[0] * row_bytes;
-    const uint8_t* w1 = packed + jr[1] * row_bytes;
-    const uint8_t* w2 = packed + jr[2] * row_bytes;
-    const uint8_t* w3 = packed + jr[3] * row_bytes;
-    const float* s0 = w.scales + jr[0] * groups;
-    const float* s1 = w.scales + jr[1] * groups;
-    const float* s2 = w.scales + jr[2] * groups;
-    const float* s3 = w.scales + jr[3] * groups;
-    if (reuse) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t off = b * (kBlock / 2);
-        _mm256_storeu_si256(t + 4 * b + 0, unpack32(w0 + off));
-        _mm256_storeu_si256(t + 4 * b + 1, unpack32(w1 + off));
-        _mm256_storeu_si256(t + 4 * b + 2, unpack32(w2 + off));
-        _mm256_storeu_si256(t + 4 * b + 3, unpack32(w3 + off));
-      }
+    if (packed_tiles && rows == kRowsPerTile && j + kRowsPerTile <= n) {
+      const Tile<true> tl{{packed + j * row_bytes},
+                          {w.scales + j * groups},
+                          {w.zeros != nullptr ? w.zeros + j * groups : nullptr}};
+      tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
+      continue;
     }
-    for (int64_t i = 0; i < m; ++i) {
-      const int8_t* xr = xq.q.data() + i * k;
-      const float* xd = xq.d.data() + i * blocks;
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-             a3 = _mm256_setzero_ps();
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        const __m256 d0 = _mm256_set1_ps(s0[gi]), d1 = _mm256_set1_ps(s1[gi]),
-                     d2 = _mm256_set1_ps(s2[gi]), d3 = _mm256_set1_ps(s3[gi]);
-        for (int64_t b = gi * blocks_per_group; b < (gi + 1) * blocks_per_group; ++b) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock));
-          const __m256 dx = _mm256_set1_ps(xd[b]);
-          __m256i u0, u1, u2, u3;
-          if (reuse) {
-            u0 = _mm256_loadu_si256(t + 4 * b + 0);
-            u1 = _mm256_loadu_si256(t + 4 * b + 1);
-            u2 = _mm256_loadu_si256(t + 4 * b + 2);
-            u3 = _mm256_loadu_si256(t + 4 * b + 3);
-          } else {
-            const int64_t off = b * (kBlock / 2);
-            u0 = unpack32(w0 + off);
-            u1 = unpack32(w1 + off);
-            u2 = unpack32(w2 + off);
-            u3 = unpack32(w3 + off);
-          }
-          a0 = _mm256_fmadd_ps(dot32(u0, xv), _mm256_mul_ps(d0, dx), a0);
-          a1 = _mm256_fmadd_ps(dot32(u1, xv), _mm256_mul_ps(d1, dx), a1);
-          a2 = _mm256_fmadd_ps(dot32(u2, xv), _mm256_mul_ps(d2, dx), a2);
-          a3 = _mm256_fmadd_ps(dot32(u3, xv), _mm256_mul_ps(d3, dx), a3);
-        }
-      }
-      float out[kRowsPerTile] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-      // Zero points: subtract s·z·Σx per group.
-      const float* gs = xq.gsum.data() + i * groups;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* s = w.scales + jr[r] * groups;
-        const float* z = w.zeros != nullptr ? w.zeros + jr[r] * groups : nullptr;
-        float corr = 0;
-        for (int64_t gi = 0; gi < groups; ++gi) corr += s[gi] * (z != nullptr ? z[gi] : 8.0f) * gs[gi];
-        y[i * n + j + r] = out[r] - corr;
-      }
+    Tile<false> tl{};
+    for (int64_t r = 0; r < kRowsPerTile; ++r) {
+      const int64_t jr = j + std::min(r, rows - 1);
+      tl.w[r] = packed + jr * row_bytes;
+      tl.s[r] = w.scales + jr * groups;
+      tl.z[r] = w.zeros != nullptr ? w.zeros + jr * groups : nullptr;
     }
+    tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
   }
 }
 
-// Splits output rows [0, n) into tiles across an OpenMP team when the work is large enough.
+// Splits output rows [0, n) into tiles across an OpenMP team when the work is large enough, or
+// (decode) when the weights streamed are: one core reaches about half of the memory bandwidth.
 template <class F>
-void for_row_ranges(int64_t m, int64_t n, int64_t k, F run) {
+void for_row_ranges(int64_t m, const WeightView& w, F run) {
+  const int64_t n = w.rows, k = w.cols;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  if (m * n * k < kParallelWork || omp_get_max_threads() == 1 || tiles == 1) {
+  const int64_t groups = k / w.group_size;
+  const int64_t bytes = n * (k / 2) + n * groups * int64_t(sizeof(float)) * (w.zeros != nullptr ? 2 : 1);
+  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1 || tiles == 1) {
     run(int64_t(0), n);
     return;
   }
@@ -209,24 +265,73 @@ void for_row_ranges(int64_t m, int64_t n, int64_t k, F run) {
   }
 }
 
-}  // namespace
-
-void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
-  WeightView w = view;
-  if (w.group_size <= 0) w.group_size = w.cols;  // one group per row
+bool avx2_applies(const WeightView& w) {
   const int64_t k = w.cols;
   const int64_t g = w.group_size;
-  if (has_avx2() && g > 0 && g % kBlock == 0 && k % g == 0) {
+  return has_avx2() && g > 0 && g % kBlock == 0 && k % g == 0;
+}
+
+}  // namespace
+
+void prepare_weight_i4(WeightView& w) {
+  // Only the default variant's AVX2 kernel reads packed tiles (the scalar code reads rows); a view
+  // is packed once.
+  WeightView v = w;
+  if (v.group_size <= 0) v.group_size = v.cols;  // one group per row, as gemm_i4 reads it
+  if (w.kernel_variant != kVariantDefault || !avx2_applies(v)) return;
+  const int64_t k = w.cols;
+  const int64_t row_bytes = k / 2;
+  const int64_t blocks = k / kBlock;
+  const int64_t groups = k / v.group_size;
+  constexpr int64_t kChunk = kBlock / 2;  // one row's bytes of a block
+  auto* data = static_cast<uint8_t*>(const_cast<void*>(w.data));
+  std::vector<uint8_t> rows(size_t(kRowsPerTile * row_bytes));
+  std::vector<float> params(size_t(kRowsPerTile * groups));
+  // Per-group floats of a tile from [row][group] to [group][row].
+  auto transpose = [&](float* tile) {
+    std::copy(tile, tile + kRowsPerTile * groups, params.begin());
+    for (int64_t r = 0; r < kRowsPerTile; ++r) {
+      for (int64_t gi = 0; gi < groups; ++gi) tile[gi * kRowsPerTile + r] = params[size_t(r * groups + gi)];
+    }
+  };
+  for (int64_t j = 0; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
+    uint8_t* tile = data + j * row_bytes;
+    std::copy(tile, tile + kRowsPerTile * row_bytes, rows.begin());
+    for (int64_t r = 0; r < kRowsPerTile; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* src = rows.data() + r * row_bytes + b * kChunk;
+        std::copy(src, src + kChunk, tile + (b * kRowsPerTile + r) * kChunk);
+      }
+    }
+    transpose(const_cast<float*>(w.scales) + j * groups);
+    if (w.zeros != nullptr) transpose(const_cast<float*>(w.zeros) + j * groups);
+  }
+  w.kernel_variant |= kPackedTiles;
+}
+
+void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
+  const int32_t variant = view.kernel_variant & ~kPackedTiles;
+  if (variant != kVariantDefault && variant != kVariantReference) {
+    throw Error("cpu gemm on i4: unknown kernel variant " + std::to_string(variant) +
+                " (0 = default, 2 = scalar reference)");
+  }
+  WeightView w = view;
+  if (w.group_size <= 0) w.group_size = w.cols;  // one group per row
+  if (m <= 0 || w.rows <= 0) return;
+  const int64_t k = w.cols;
+  const int64_t g = w.group_size;
+  if (variant == kVariantDefault && avx2_applies(w)) {
     thread_local QuantizedX xq;  // the caller's; shared read-only by the team below
     quantize_x(x, m, k, g, xq);
     const QuantizedX& shared = xq;
-    for_row_ranges(m, w.rows, k, [&](int64_t j0, int64_t j1) {
-      thread_local std::vector<uint8_t> tile;  // each thread's unpacked tile
-      gemm_i4_avx2(shared, m, w, y, j0, j1, tile);
+    for_row_ranges(m, w, [&](int64_t j0, int64_t j1) {
+      thread_local std::vector<uint8_t> scratch;  // each thread's unpacked tile
+      gemm_i4_avx2(shared, m, w, y, j0, j1, scratch);
     });
     return;
   }
-  for_row_ranges(m, w.rows, k, [&](int64_t j0, int64_t j1) { gemm_i4_scalar(x, m, w, y, j0, j1); });
+  if ((w.kernel_variant & kPackedTiles) != 0) throw Error("cpu gemm on i4: a packed view needs the AVX2 kernel");
+  for_row_ranges(m, w, [&](int64_t j0, int64_t j1) { gemm_i4_scalar(x, m, w, y, j0, j1); });
 }
 
 }  // namespace tessera::cpu

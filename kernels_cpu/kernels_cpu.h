@@ -27,6 +27,7 @@ void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
 // Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
 void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);
+void prepare_weight_i4(WeightView& w);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
