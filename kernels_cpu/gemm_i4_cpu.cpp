@@ -68,6 +68,43 @@ struct QuantizedX {
   std::vector<float> gsum;   // [m][k/g] Σ x over each weight group (of the quantized values)
 };
 
+// max |x| over a block of 32.
+__attribute__((target("avx2,fma"))) float block_amax_avx2(const float* xb) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(xb)), _mm256_and_ps(abs_mask, _mm256_loadu_ps(xb + 8)));
+  v = _mm256_max_ps(v, _mm256_and_ps(abs_mask, _mm256_loadu_ps(xb + 16)));
+  v = _mm256_max_ps(v, _mm256_and_ps(abs_mask, _mm256_loadu_ps(xb + 24)));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// A block of 32 to int8 (x·id rounded to nearest even: cvtps under the default MXCSR, as
+// nearbyint), stored de-interleaved (even elements, then odd); returns Σq.
+__attribute__((target("avx2,fma"))) int quantize_block_avx2(const float* xb, float id, int8_t* qb) {
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), vid));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), vid));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), vid));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), vid));
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+  // packs interleaves 128-bit lanes; the dword permute restores element order, then each lane's
+  // even bytes go first and the quadwords are regrouped: evens 0..30, then odds 1..31.
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i even_odd = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(p, even_odd), _MM_SHUFFLE(3, 1, 2, 0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), p);
+  return _mm_cvtsi128_si32(s4);
+}
+
+// Only the AVX2 kernel reads quantized x. Σ x per group is accumulated here, outside the AVX2
+// functions, so that d·Σq is rounded before it is added (never fused).
 void quantize_x(const float* x, int64_t m, int64_t k, int64_t g, QuantizedX& out) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
@@ -78,17 +115,9 @@ void quantize_x(const float* x, int64_t m, int64_t k, int64_t g, QuantizedX& out
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + i * k + b * kBlock;
-      float amax = 0;
-      for (int64_t c = 0; c < kBlock; ++c) amax = std::max(amax, std::fabs(xb[c]));
-      const float d = amax / 127.0f;
+      const float d = block_amax_avx2(xb) / 127.0f;
       const float id = d != 0 ? 1.0f / d : 0.0f;
-      int8_t* qb = out.q.data() + i * k + b * kBlock;
-      int sum = 0;
-      for (int64_t c = 0; c < kBlock; ++c) {
-        const int v = int(std::nearbyint(xb[c] * id));
-        qb[(c & 1) * 16 + c / 2] = int8_t(v);
-        sum += v;
-      }
+      const int sum = quantize_block_avx2(xb, id, out.q.data() + i * k + b * kBlock);
       out.d[size_t(i * blocks + b)] = d;
       out.gsum[size_t(i * groups + b / blocks_per_group)] += d * float(sum);
     }
@@ -139,6 +168,68 @@ struct Tile {
   }
 };
 
+// Σ over groups of s·z·Σx for the four rows of a tile (what the zero points add to x·q·s), side by
+// side, in group order. The products of the first 4·⌊groups/4⌋ groups are rounded before they are
+// added (the barrier keeps the compiler from fusing them), the rest fused: the exact arithmetic of
+// the per-row loop this replaced as GCC vectorized it, so results did not change by a bit.
+template <bool kPacked>
+__attribute__((target("avx2,fma"))) inline __m128 zero_point_terms(const Tile<kPacked>& tl, const float* gs,
+                                                                   int64_t groups) {
+  const int64_t rounded = groups & ~int64_t(3);
+  __m128 corr = _mm_setzero_ps();
+  for (int64_t gi = 0; gi < rounded; ++gi) {
+    __m128 p = _mm_mul_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]));
+    asm("" : "+x"(p));
+    corr = _mm_add_ps(corr, p);
+  }
+  for (int64_t gi = rounded; gi < groups; ++gi) {
+    corr = _mm_fmadd_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]), corr);
+  }
+  return corr;
+}
+
+// m = 1 on one packed tile (decode): one sequential stream of 64-byte blocks, prefetched ahead.
+// A block's rows 0|1 (and 2|3) come in one 32-byte load; their low nibbles (even elements) meet x's
+// even half broadcast to both lanes, the high nibbles its odd half. So each accumulator holds half
+// of two rows' lanes: e01 = [row 0 lanes 0-3 | row 1 lanes 0-3], o01 the lanes 4-7. Every lane sees
+// the same int32 partial sums and the same fma(·, s·dx, acc) chain as in tile_avx2, so the result
+// is bit-identical, with no cross-lane shuffle of the weights.
+__attribute__((target("avx2,fma"))) void gemv_packed(const QuantizedX& xq, const Tile<true>& tl, int64_t k,
+                                                     int64_t g, float* y) {
+  const int64_t groups = k / g;
+  const int64_t blocks_per_group = g / kBlock;
+  const int8_t* xr = xq.q.data();
+  const float* xd = xq.d.data();
+  const uint8_t* wp = tl.w[0];
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  const __m256i sel01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i sel23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  __m256 e01 = _mm256_setzero_ps(), o01 = _mm256_setzero_ps(), e23 = _mm256_setzero_ps(), o23 = _mm256_setzero_ps();
+  for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
+    const __m256 s = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(tl.s[0] + gi * kRowsPerTile));
+    for (const int64_t end = b + blocks_per_group; b < end; ++b, wp += kRowsPerTile * kBlock / 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
+      const __m256i xe = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock)));
+      const __m256i xo =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock + 16)));
+      const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(xd[b]));  // [s_r·dx] in both lanes
+      const __m256 d01 = _mm256_permutevar_ps(sd, sel01), d23 = _mm256_permutevar_ps(sd, sel23);
+      const __m256i b01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      const __m256i b23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kBlock));
+      e01 = _mm256_fmadd_ps(dot32(_mm256_and_si256(b01, mask), xe), d01, e01);
+      o01 = _mm256_fmadd_ps(dot32(_mm256_and_si256(_mm256_srli_epi16(b01, 4), mask), xo), d01, o01);
+      e23 = _mm256_fmadd_ps(dot32(_mm256_and_si256(b23, mask), xe), d23, e23);
+      o23 = _mm256_fmadd_ps(dot32(_mm256_and_si256(_mm256_srli_epi16(b23, 4), mask), xo), d23, o23);
+    }
+  }
+  float c[kRowsPerTile];
+  _mm_storeu_ps(c, zero_point_terms(tl, xq.gsum.data(), groups));
+  y[0] = hsum(_mm256_permute2f128_ps(e01, o01, 0x20)) - c[0];
+  y[1] = hsum(_mm256_permute2f128_ps(e01, o01, 0x31)) - c[1];
+  y[2] = hsum(_mm256_permute2f128_ps(e23, o23, 0x20)) - c[2];
+  y[3] = hsum(_mm256_permute2f128_ps(e23, o23, 0x31)) - c[3];
+}
+
 // One tile of W against all m quantized rows of x; writes y[i][0..rows) (y at the tile's column).
 // For m > 1 the tile's nibbles are unpacked once into `t` (4 rows x k bytes, L1-resident) and
 // reused by every row of x. Both layouts run the same arithmetic in the same order.
@@ -173,10 +264,6 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const QuantizedX& xq, int64_t
           u2 = _mm256_loadu_si256(t + 4 * b + 2);
           u3 = _mm256_loadu_si256(t + 4 * b + 3);
         } else {
-          if constexpr (kPacked) {
-            // One 64-byte block per step: keep the stream's next lines on their way.
-            _mm_prefetch(reinterpret_cast<const char*>(tl.block(0, b)) + kPrefetchBytes, _MM_HINT_T0);
-          }
           u0 = unpack32(tl.block(0, b));
           u1 = unpack32(tl.block(1, b));
           u2 = unpack32(tl.block(2, b));
@@ -188,23 +275,8 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const QuantizedX& xq, int64_t
         a3 = _mm256_fmadd_ps(dot32(u3, xv), _mm256_mul_ps(d3, dx), a3);
       }
     }
-    // Zero points: subtract s·z·Σx per group, the four rows side by side, in group order. The
-    // products of the first 4·⌊groups/4⌋ groups are rounded before they are added (the barrier
-    // keeps the compiler from fusing them), the rest fused: the exact arithmetic of the per-row
-    // loop this replaced as GCC vectorized it, so results did not change by a bit.
-    const float* gs = xq.gsum.data() + i * groups;
-    const int64_t rounded = groups & ~int64_t(3);
-    __m128 corr = _mm_setzero_ps();
-    for (int64_t gi = 0; gi < rounded; ++gi) {
-      __m128 p = _mm_mul_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]));
-      asm("" : "+x"(p));
-      corr = _mm_add_ps(corr, p);
-    }
-    for (int64_t gi = rounded; gi < groups; ++gi) {
-      corr = _mm_fmadd_ps(_mm_mul_ps(tl.scales(gi), tl.zeros(gi)), _mm_set1_ps(gs[gi]), corr);
-    }
     float c[kRowsPerTile];
-    _mm_storeu_ps(c, corr);
+    _mm_storeu_ps(c, zero_point_terms(tl, xq.gsum.data() + i * groups, groups));
     const float out[kRowsPerTile] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
     for (int64_t r = 0; r < rows; ++r) y[i * n + r] = out[r] - c[r];
   }
@@ -228,7 +300,11 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
       const Tile<true> tl{{packed + j * row_bytes},
                           {w.scales + j * groups},
                           {w.zeros != nullptr ? w.zeros + j * groups : nullptr}};
-      tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
+      if (m == 1) {
+        gemv_packed(xq, tl, k, g, y + j);
+      } else {
+        tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
+      }
       continue;
     }
     Tile<false> tl{};
