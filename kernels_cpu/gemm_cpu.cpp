@@ -157,6 +157,7 @@ void prepare_weight(WeightView& w) {
   if (w.dtype == DType::F32) prepare_weight_f32(w);
   if (w.dtype == DType::I8) prepare_weight_i8(w);
   if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) prepare_weight_blocks(w);
+  if (w.dtype == DType::I4) prepare_weight_i4(w);
 }
 
 void gemm(const float* x, int64_t m, const WeightView& w, float* y) {

@@ -39,6 +39,7 @@ void prepare_weight_f32(WeightView& w);
 // y columns of the packed f32 panels; returns how many leading rows of W it computed (0 when the
 // view is not packed).
 int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y);
+void prepare_weight_i4(WeightView& w);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

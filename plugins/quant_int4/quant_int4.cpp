@@ -40,14 +40,22 @@ struct Rule {
   Choice choice;
 };
 
+// WeightView::kernel_variant values of the CPU backend's i4 gemm (kernels_cpu/gemm_i4_cpu.cpp).
+constexpr int32_t kCpuDefault = 0;    // AVX2 on packed tiles; scalar on CPUs without AVX2
+constexpr int32_t kCpuReference = 2;  // scalar reference, float arithmetic, row-major weights
+
 std::string scheme_tag(Scheme s) { return s == Scheme::symmetric ? "sym" : "asym"; }
 
 // One backend buffer: scales [rows][groups], zeros [rows][groups] (asymmetric), packed nibbles
 // [rows][cols/2]. Floats first so that every part is aligned without padding.
 class Int4Linear final : public Linear {
  public:
+  // The backend may rearrange the weights for its kernel (Backend::prepare_weight), so view() is
+  // row-major only where it leaves them alone (on the CPU: kernel reference).
   Int4Linear(Backend& backend, DeviceBuffer buffer, WeightView view, Scheme scheme)
-      : backend_(backend), buffer_(std::move(buffer)), view_(view), scheme_(scheme) {}
+      : backend_(backend), buffer_(std::move(buffer)), view_(view), scheme_(scheme) {
+    backend_.prepare_weight(view_);
+  }
   void forward(const float* x, int64_t m, float* y) override { backend_.gemm(x, m, view_, y); }
   int64_t in_features() const override { return view_.cols; }
   int64_t out_features() const override { return view_.rows; }
@@ -171,7 +179,8 @@ float quantize_group(const float* x, int64_t g, Scheme scheme, uint8_t* q, float
 class Int4Quantizer final : public Quantizer {
  public:
   explicit Int4Quantizer(const Params& p)
-      : keep_float_(p.get_string_list("keep_float")) {
+      : keep_float_(p.get_string_list("keep_float")),
+        cpu_variant_(p.get_string("kernel") == "reference" ? kCpuReference : kCpuDefault) {
     base_.group_size = checked_group(p.get_int("group_size"), "group_size");
     base_.scheme = parse_scheme(p.get_string("scheme"), "scheme");
     parse_overrides(p.get("overrides"));
@@ -223,6 +232,8 @@ class Int4Quantizer final : public Quantizer {
     view.scales = reinterpret_cast<const float*>(base);
     view.zeros = asym ? reinterpret_cast<const float*>(base + scale_bytes) : nullptr;
     view.data = base + scale_bytes * (asym ? 2 : 1);
+    // Variant numbers belong to the backend; only the CPU's are known here.
+    view.kernel_variant = backend.name() == "cpu" ? cpu_variant_ : 0;
     return std::make_unique<Int4Linear>(backend, std::move(buf), view, c.scheme);
   }
 
@@ -290,6 +301,7 @@ class Int4Quantizer final : public Quantizer {
 
   Choice base_;
   std::vector<std::string> keep_float_;
+  int32_t cpu_variant_;
   std::vector<Rule> rules_;
 };
 
@@ -306,7 +318,11 @@ void register_int4(Registrar& r) {
         "tensor-name patterns kept in float, e.g. [output, \"blk.0.*\"]"},
        {"overrides", ParamType::object, nlohmann::json::array(),
         "list of {pattern, scheme: symmetric|asymmetric|float, group_size} for tensors matching pattern; "
-        "the first match wins, keep_float before all"}},
+        "the first match wins, keep_float before all"},
+       {"kernel", ParamType::string, "avx2",
+        "CPU kernel: avx2 (int8 activations per block of 32, weights in packed 4-row tiles; scalar on CPUs "
+        "without AVX2) or reference (scalar, float activations, row-major weights); other backends use their own",
+        {"avx2", "reference"}}},
       [](const Params& p) { return std::make_unique<Int4Quantizer>(p); });
 }
 

@@ -1,7 +1,8 @@
 // quantizer: int4, through the real loader — what the conformance suite does not cover: the packed
 // kernel against the dequantized weights with a bound from the activation and weight steps, over
-// odd shapes, both schemes and every group size; parameter refusals; keep_float, overrides and the
-// float fallback for rows that are not whole groups; memory; and stories260K's perplexity.
+// odd shapes, both schemes and every group size; the CPU's packed tiles giving the same bits as
+// row-major weights; parameter refusals; keep_float, overrides and the float fallback for rows that
+// are not whole groups; memory; and stories260K's perplexity.
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
 
@@ -34,7 +35,9 @@ std::shared_ptr<Quantizer> int4(const json& params) {
   return test::plugins().create<Quantizer>("int4", params, "test");
 }
 
-// The matrix an int4 view stands for (the CPU backend's memory is host memory).
+// The matrix a row-major int4 view stands for (the CPU backend's memory is host memory). The CPU
+// backend packs the default kernel's weights into tiles (Backend::prepare_weight); `kernel:
+// reference` leaves them row-major.
 std::vector<float> dequantize(const WeightView& v) {
   const int64_t groups = v.cols / v.group_size;
   const auto* packed = static_cast<const uint8_t*>(v.data);
@@ -60,6 +63,7 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
   for (const Case& c : {Case{"symmetric", 32}, Case{"asymmetric", 32}, Case{"symmetric", 64},
                         Case{"asymmetric", 64}, Case{"symmetric", 128}, Case{"asymmetric", 128}}) {
     auto q = int4({{"scheme", c.scheme}, {"group_size", c.group}});
+    auto q_ref = int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", "reference"}});
     for (int64_t k : {32, 64, 96, 256}) {
       if (k % c.group != 0) continue;
       for (int64_t rows : {1, 5, 13, 37}) {
@@ -70,11 +74,14 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t i = 0; i < k; ++i) w[size_t(r * k + i)] = w[size_t(r * k + i)] * row_scale[size_t(r)] + 0.1f;
         }
-        auto linear = q->make_linear(cpu_backend(), {"blk.1.ffn_up.weight", DType::F32, w.data(), rows, k});
+        const WeightSource src{"blk.1.ffn_up.weight", DType::F32, w.data(), rows, k};
+        auto linear = q->make_linear(cpu_backend(), src);
+        auto ref = q_ref->make_linear(cpu_backend(), src);
         const std::string want_format = "int4/g" + std::to_string(c.group) + "/" +
                                         (c.scheme == "symmetric" ? "sym" : "asym");
         ASSERT_EQ(linear->format(), want_format);
-        const WeightView view = linear->view();
+        ASSERT_EQ(ref->format(), want_format);
+        const WeightView view = ref->view();
         ASSERT_EQ(view.dtype, DType::I4);
         ASSERT_EQ(view.group_size, c.group);
         ASSERT_EQ(view.zeros != nullptr, c.scheme == "asymmetric");
@@ -85,6 +92,7 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
                        " rows=" + std::to_string(rows) + " m=" + std::to_string(m));
           const auto x = random_floats(size_t(m * k), seed + 7 + uint64_t(m), -2, 2);
           const auto y = linear_forward(*linear, x, m);
+          const auto y_ref = linear_forward(*ref, x, m);
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t r = 0; r < rows; ++r) {
               double stored = 0, x_bound = 0;
@@ -99,6 +107,9 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
               }
               const double got = y[size_t(i * rows + r)];
               ASSERT_LE(std::fabs(got - stored), x_bound + 1e-4 * (1 + std::fabs(stored))) << "row " << r << " of x " << i;
+              // The reference keeps x in float: only float rounding.
+              ASSERT_LE(std::fabs(y_ref[size_t(i * rows + r)] - stored), 1e-4 * (1 + std::fabs(stored)))
+                  << "reference, row " << r << " of x " << i;
             }
           }
         }
@@ -115,6 +126,94 @@ TEST(Int4, KernelMatchesDequantizedWeightsWithinTheQuantizationSteps) {
         // The packed form and its scales are all the memory: rows*k/2 bytes + 4 per group (+4 zeros).
         const size_t per_group = c.scheme == "symmetric" ? 4 : 8;
         EXPECT_EQ(linear->resident_bytes(), size_t(rows * k / 2) + size_t(rows * groups) * per_group);
+        EXPECT_EQ(ref->resident_bytes(), linear->resident_bytes());
+      }
+    }
+  }
+}
+
+// A row-major int4 view's parts copied into buffers of their own (so that prepare_weight cannot
+// lean on the quantizer's single-buffer layout), with the given kernel variant.
+struct OwnedView {
+  DeviceBuffer data, scales, zeros;
+  WeightView view;
+};
+
+OwnedView copy_of(const WeightView& v, int32_t variant) {
+  Backend& b = cpu_backend();
+  const size_t param_bytes = size_t(v.rows * (v.cols / v.group_size)) * sizeof(float);
+  OwnedView o{DeviceBuffer(b, size_t(v.rows * v.cols / 2)), DeviceBuffer(b, param_bytes),
+              v.zeros != nullptr ? DeviceBuffer(b, param_bytes) : DeviceBuffer(), v};
+  o.data.upload(v.data, o.data.size());
+  o.scales.upload(v.scales, param_bytes);
+  if (v.zeros != nullptr) o.zeros.upload(v.zeros, param_bytes);
+  o.view.data = o.data.get();
+  o.view.scales = o.scales.as<float>();
+  o.view.zeros = v.zeros != nullptr ? o.zeros.as<float>() : nullptr;
+  o.view.kernel_variant = variant;
+  return o;
+}
+
+std::vector<float> gemm_on(const WeightView& v, const std::vector<float>& x, int64_t m) {
+  Backend& b = cpu_backend();
+  DeviceBuffer xb(b, x.size() * sizeof(float)), yb(b, size_t(m * v.rows) * sizeof(float));
+  xb.upload(x.data(), x.size() * sizeof(float));
+  b.gemm(xb.as<float>(), m, v, yb.as<float>());
+  b.synchronize();
+  std::vector<float> y(size_t(m * v.rows));
+  b.copy_to_host(y.data(), yb.get(), y.size() * sizeof(float));
+  return y;
+}
+
+TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
+  // The CPU backend packs whole 4-row tiles for the AVX2 kernel (prepare_weight) and leaves a last
+  // short tile row-major; the packed kernel must compute exactly what it computes on row-major
+  // weights, on rows that are not whole tiles, k of odd block counts, every group size, and with
+  // a team of threads (771 x 768 forks by bytes streamed). Both stay within the activation step
+  // of the scalar reference.
+  struct Shape {
+    int64_t n, k;
+  };
+  uint64_t seed = 100;
+  for (const Case& c : {Case{"symmetric", 32}, Case{"asymmetric", 32}, Case{"symmetric", 64},
+                        Case{"asymmetric", 64}, Case{"symmetric", 128}, Case{"asymmetric", 128}}) {
+    auto q_ref = int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", "reference"}});
+    auto q_fast = int4({{"scheme", c.scheme}, {"group_size", c.group}});
+    for (const Shape& sh : {Shape{1, 32}, Shape{3, 96}, Shape{4, 160}, Shape{5, 224}, Shape{7, 64}, Shape{8, 384},
+                            Shape{13, 288}, Shape{37, 640}, Shape{771, 768}}) {
+      if (sh.k % c.group != 0) continue;
+      const auto w = random_floats(size_t(sh.n * sh.k), ++seed, -1.5f, 2.0f);
+      const WeightSource src{"blk.3.attn_v.weight", DType::F32, w.data(), sh.n, sh.k};
+      auto ref = q_ref->make_linear(cpu_backend(), src);
+      auto fast = q_fast->make_linear(cpu_backend(), src);
+      ASSERT_EQ(ref->view().kernel_variant, 2) << "kernel: reference is the CPU's scalar variant";
+      OwnedView row_major = copy_of(ref->view(), 0);  // the default kernel, not prepared
+      OwnedView packed = copy_of(ref->view(), 0);
+      cpu_backend().prepare_weight(packed.view);
+      if (sh.n >= 4) EXPECT_NE(packed.view.kernel_variant, 0) << "whole tiles are packed and the view marked";
+      for (int64_t m : {1, 2, 3, 17}) {
+        SCOPED_TRACE(c.scheme + " g" + std::to_string(c.group) + " n=" + std::to_string(sh.n) +
+                     " k=" + std::to_string(sh.k) + " m=" + std::to_string(m));
+        const auto x = random_floats(size_t(m * sh.k), ++seed, -3, 3);
+        const auto y_rows = gemm_on(row_major.view, x, m);
+        EXPECT_EQ(gemm_on(packed.view, x, m), y_rows);
+        EXPECT_EQ(linear_forward(*fast, x, m), y_rows) << "the quantizer's own (packed) weights";
+        // Within the activation step of the scalar reference (float x): |Δ| <= Σ amax_b/254·|w|.
+        const auto y_ref = linear_forward(*ref, x, m);
+        const auto deq = dequantize(ref->view());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t r = 0; r < sh.n; ++r) {
+            double bound = 0;
+            for (int64_t b = 0; b < sh.k / 32; ++b) {
+              float amax = 0;
+              for (int64_t t = 0; t < 32; ++t) amax = std::max(amax, std::fabs(x[size_t(i * sh.k + b * 32 + t)]));
+              for (int64_t t = b * 32; t < b * 32 + 32; ++t) bound += amax / 254.0 * std::fabs(deq[size_t(r * sh.k + t)]);
+            }
+            const double want = y_ref[size_t(i * sh.n + r)];
+            ASSERT_LE(std::fabs(y_rows[size_t(i * sh.n + r)] - want), bound + 1e-4 * (1 + std::fabs(want)))
+                << "row " << r << " of x " << i;
+          }
+        }
       }
     }
   }
@@ -126,8 +225,10 @@ TEST(Int4, StoredWeightsAreWithinAStepAndAsymmetricFitsShiftedRanges) {
   // range, is the finer one.
   std::vector<float> w(32);
   for (int i = 0; i < 32; ++i) w[size_t(i)] = -1.0f + 2.5f * float(i) / 31.0f;
-  auto sym = int4({{"scheme", "symmetric"}})->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
-  auto asym = int4({{"scheme", "asymmetric"}})->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
+  auto sym = int4({{"scheme", "symmetric"}, {"kernel", "reference"}})
+                 ->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
+  auto asym = int4({{"scheme", "asymmetric"}, {"kernel", "reference"}})
+                  ->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, w.data(), 1, 32});
   const auto ds = dequantize(sym->view()), da = dequantize(asym->view());
   const float ss = std::fabs(sym->view().scales[0]), sa = asym->view().scales[0];
   EXPECT_NEAR(ss, 1.5f / 8, 0.2f * 1.5f / 8);
@@ -150,7 +251,7 @@ TEST(Int4, FromEveryFloatAndBlockSource) {
   for (int64_t r = 0; r < rows; ++r) quantize_row(DType::Q8_0, w.data() + r * k, q8.data() + r * 68, k);
   std::vector<float> q8_values(w.size());
   for (int64_t r = 0; r < rows; ++r) dequantize_row(DType::Q8_0, q8.data() + r * 68, q8_values.data() + r * k, k);
-  auto q = int4(json::object());
+  auto q = int4({{"kernel", "reference"}});
   auto a = q->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::Q8_0, q8.data(), rows, k});
   auto b = q->make_linear(cpu_backend(), {"blk.0.attn_q.weight", DType::F32, q8_values.data(), rows, k});
   EXPECT_EQ(dequantize(a->view()), dequantize(b->view()));
@@ -175,6 +276,13 @@ TEST(Int4, RefusesBadParametersByName) {
   EXPECT_THROW(int4({{"overrides", json::array({{{"pattern", "blk.0.*"}, {"group_size", 16}}})}}), Error);
   EXPECT_THROW(int4({{"overrides", json::array({{{"scheme", "asymmetric"}}})}}), Error);  // no pattern
   EXPECT_THROW(int4({{"overrides", json::array({{{"pattern", "x"}, {"bits", 3}}})}}), Error);
+  try {
+    int4({{"kernel", "vnni"}});
+    FAIL() << "kernel vnni accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("kernel"));
+    EXPECT_THAT(e.what(), HasSubstr("vnni"));
+  }
   // Through the pipeline loader, the message names the parameter too.
   try {
     test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "int4"}, {"group_size", 48}}}});
