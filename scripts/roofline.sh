@@ -3,6 +3,7 @@
 #   decode: weight bytes read per token x tokens/s over the measured read bandwidth
 #   prefill: multiply-adds of a 128-token prompt over the measured FMA peak
 # Usage: scripts/roofline.sh [-m MODEL] [-r RUNS] [-n TOKENS] [-t THREADS] PIPELINE.yaml...
+# (decode: TOKENS generated after "Once upon a time"; prefill: the 128-token prompt below)
 # MODEL defaults to a synthetic 110m (written to /tmp once). Each figure is the median of RUNS runs;
 # the probes are the best of three. Needs build/bin/{tessera,kernel_bench}. Run on a quiet machine.
 set -euo pipefail
@@ -39,20 +40,25 @@ echo
 echo "| pipeline | weights | bytes/token | decode tok/s | share of bandwidth | prefill GFLOP/s (tokens) | share of FMA peak |"
 echo "|---|---|---|---|---|---|---|"
 for p in "$@"; do
+  # Decode from a short prompt (the KV cache it reads stays small next to the weights); prefill
+  # of the long prompt, one token out.
   out=$(for _ in $(seq "$runs"); do
-    "$bin/tessera" run -m "$model" -p "$p" --format json -n "$tokens" --ignore-eos --threads "$threads" "$prompt"
+    "$bin/tessera" run -m "$model" -p "$p" --format json -n "$tokens" --ignore-eos --threads "$threads" "Once upon a time"
+    "$bin/tessera" run -m "$model" -p "$p" --format json -n 1 --threads "$threads" "$prompt" | sed 's/^{/P{/'
   done)
   python3 -c '
 import json, statistics, sys
-rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+lines = sys.stdin.read().splitlines()
+rows = [json.loads(l) for l in lines if l.startswith("{")]
+prefills = [json.loads(l[1:]) for l in lines if l.startswith("P{")]
 bw, peak, name = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-def t(k):
-    return statistics.median(r["timings"][k] for r in rows)
+def t(k, runs=rows):
+    return statistics.median(r["timings"][k] for r in runs)
 r = rows[0]
 formats = r["pipeline"].split("|")[-1].split()[0]
-dec, pre = t("decode_tokens_per_s"), t("prefill_gflop_per_s")
+dec, pre = t("decode_tokens_per_s"), t("prefill_gflop_per_s", prefills)
 share_bw, share_fma = 100 * t("decode_weight_gb_per_s") / bw, 100 * pre / peak
-mb, tokens_in = r["weight_bytes_per_token"] / 1e6, r["tokens_in"]
+mb, tokens_in = r["weight_bytes_per_token"] / 1e6, prefills[0]["tokens_in"]
 print(f"| {name} | {formats} | {mb:.1f} MB | {dec:.1f} | {share_bw:.0f}% | {pre:.1f} ({tokens_in}) | {share_fma:.0f}% |")
 ' "$bw" "$peak" "$(basename "$p" .yaml)" <<<"$out"
 done
