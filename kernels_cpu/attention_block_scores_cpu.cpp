@@ -2,7 +2,6 @@
 // this step and the kv head's query group) against the mean key of every causal key block. Costs
 // O(tokens x head_dim) for the means plus O(query blocks x key blocks x head_dim) for the scores:
 // small next to the attention it prunes.
-#include <omp.h>
 
 #include <algorithm>
 #include <vector>
@@ -30,9 +29,7 @@ void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float
     const int64_t last_qb = (s.context_len - 1) / sp.block;
     const int64_t n_qb = last_qb - first_qb + 1;
     const int64_t n_kb = last_qb + 1;
-    const int threads = n_kb * sp.block * kv_stride > kParallelWork ? omp_get_max_threads() : 1;
-#pragma omp parallel for schedule(static) if (threads > 1)
-    for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
+    for_rows(kv.n_kv_heads, n_kb * sp.block * kv_stride > kParallelWork, [&](int64_t h) {
       std::vector<float> kmean(size_t(n_kb * hd), 0.0f);
       std::vector<float> qmean(static_cast<size_t>(hd));
       for (int64_t kb = 0; kb < n_kb; ++kb) {
@@ -62,7 +59,7 @@ void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float
           out[kb] = inv * dot_f32(qmean.data(), kmean.data() + kb * hd, hd);
         }
       }
-    }
+    });
   }
 }
 

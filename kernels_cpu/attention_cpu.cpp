@@ -146,7 +146,11 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   }
   const auto n = static_cast<int64_t>(tasks.size());
   const std::vector<Task>& list = tasks;
-#pragma omp parallel for schedule(dynamic, 1) if (threads > 1)
+  if (threads == 1) {  // not an `if` clause: see for_rows
+    for (const Task& t : list) run_task(a, kv, t, ops);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i) run_task(a, kv, list[size_t(i)], ops);
 }
 

@@ -16,6 +16,19 @@ inline constexpr int64_t kParallelWork = int64_t(1) << 20;
 // half of the machine's bandwidth: they fork from this many bytes read, even when the work is small.
 inline constexpr int64_t kParallelStreamBytes = int64_t(256) << 10;
 
+// body(i) for i in [0, n), split statically over the OpenMP team only when `parallel`. Not
+// `omp parallel for if (...)`: that still enters the runtime (~0.6 us a call, futex wake-ups
+// included), more than a decode step's norms, ropes and adds take, ~40 times per token.
+template <class Body>
+void for_rows(int64_t n, bool parallel, const Body& body) {
+  if (!parallel) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 bool has_avx2();
 
 void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);

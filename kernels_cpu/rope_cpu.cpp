@@ -53,8 +53,7 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int
   table.cover(theta, rope_dim, max_pos);
   const float* cos_all = table.cos.data();
   const float* sin_all = table.sin.data();
-#pragma omp parallel for if (rows * n_heads * head_dim > kParallelWork)
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, rows * n_heads * head_dim > kParallelWork, [&](int64_t r) {
     const float* cos_v = cos_all + int64_t(positions[r]) * half;
     const float* sin_v = sin_all + int64_t(positions[r]) * half;
     for (int64_t h = 0; h < n_heads; ++h) {
@@ -68,7 +67,7 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int
         v[i1] = a * sin_v[i] + b * cos_v[i];
       }
     }
-  }
+  });
 }
 
 }  // namespace tessera::cpu

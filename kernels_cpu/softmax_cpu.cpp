@@ -6,8 +6,7 @@
 namespace tessera::cpu {
 
 void softmax(float* x, int64_t rows, int64_t cols) {
-#pragma omp parallel for if (rows * cols > kParallelWork)
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, rows * cols > kParallelWork, [&](int64_t r) {
     float* v = x + r * cols;
     const float mx = *std::max_element(v, v + cols);
     double sum = 0;
@@ -17,7 +16,7 @@ void softmax(float* x, int64_t rows, int64_t cols) {
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t i = 0; i < cols; ++i) v[i] *= inv;
-  }
+  });
 }
 
 }  // namespace tessera::cpu
