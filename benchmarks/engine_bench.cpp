@@ -304,13 +304,28 @@ std::unique_ptr<Pipeline> golden_pipeline(const nlohmann::json& decoder) {
                    {"decoder", decoder}});
 }
 
-nlohmann::json proposer_decoder(const std::string& name) {
+// The sweep's drafts: a label and the decoder settings behind it.
+struct SweepDraft {
+  const char* label;
+  nlohmann::json decoder;
+};
+
+SweepDraft sweep_draft(int64_t index) {
   const std::string dir = TESSERA_SOURCE_DIR "/../shared/models/stories260K/";
-  nlohmann::json d = {{"plugin", "speculative"}, {"proposer", name}};
-  if (name == "layer_skip") d["layers"] = 2;
-  if (name == "draft_model") d["draft_model"] = dir + "stories260K-q8_0.gguf";
-  if (name == "self_quantized") d["draft_quantizer"] = "int4";
-  return d;
+  const std::string q8 = dir + "stories260K-q8_0.gguf";
+  auto spec = [](const char* proposer, nlohmann::json extra = nlohmann::json::object()) {
+    extra.update({{"plugin", "speculative"}, {"proposer", proposer}});
+    return extra;
+  };
+  switch (index) {
+    case 0: return {"ngram", spec("ngram")};
+    case 1: return {"layer_skip (2 of 5 layers)", spec("layer_skip", {{"layers", 2}})};
+    case 2: return {"draft_model (Q8_0 file, dequantized like the target)", spec("draft_model", {{"draft_model", q8}})};
+    case 3: return {"self_quantized int4", spec("self_quantized", {{"draft_quantizer", "int4"}})};
+    case 4: return {"draft_model (Q8_0 file, gguf blocks)",
+                    spec("draft_model", {{"draft_model", q8}, {"draft_quantizer", "gguf"}})};
+    default: return {"self_quantized int8", spec("self_quantized", {{"draft_quantizer", "int8"}})};
+  }
 }
 
 // Plain and speculative passes alternate `repeats` times and each keeps its fastest pass, so that
@@ -331,10 +346,10 @@ std::pair<GoldenPass, GoldenPass> best_of(Pipeline& plain, Pipeline& spec, int r
 
 // The draft-length curve: window k = 1..10 (fixed, not adaptive) per proposer on the golden prompts,
 // against plain greedy decoding measured in the same run; prints one row per k and the best point.
-// Arg: 0 ngram, 1 layer_skip (2 of 5 layers), 2 draft_model (the Q8_0 file), 3 self_quantized (int4).
+// Arg: see sweep_draft.
 void BM_SpeculativeSweep(benchmark::State& state) {
-  static const char* kNames[] = {"ngram", "layer_skip", "draft_model", "self_quantized"};
-  const std::string name = kNames[state.range(0)];
+  const SweepDraft draft = sweep_draft(state.range(0));
+  const std::string name = draft.label;
   const auto plain = golden_pipeline({{"plugin", "sampling"}});
   constexpr int kRepeats = 3;
   for (auto _ : state) {
@@ -346,7 +361,7 @@ void BM_SpeculativeSweep(benchmark::State& state) {
     int64_t best_k = 0;
     bool identical = true;
     for (int64_t k = 1; k <= 10; ++k) {
-      nlohmann::json d = proposer_decoder(name);
+      nlohmann::json d = draft.decoder;
       d["window"] = k;
       const auto spec = golden_pipeline(d);
       const auto [a, b] = best_of(*plain, *spec, kRepeats);
@@ -367,7 +382,7 @@ void BM_SpeculativeSweep(benchmark::State& state) {
   }
   state.SetLabel(name + ", k = 1..10");
 }
-BENCHMARK(BM_SpeculativeSweep)->DenseRange(0, 3)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SpeculativeSweep)->DenseRange(0, 5)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // A deliberately bad draft: layer_skip with 1 of the 5 layers (its drafts almost never match), with
 // a fixed window against the adaptive window, each against plain decoding in the same run.

@@ -25,7 +25,7 @@ struct Task {
 
 constexpr int64_t kMaxGroup = 64;
 constexpr int64_t kMaxHeadDim = 512;
-constexpr int64_t kKeyBlock = 64;
+constexpr int64_t kKeyBlock = 256;
 
 void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
@@ -40,14 +40,15 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 
   float m[kMaxGroup], l[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
-  alignas(32) float scores[kKeyBlock];
+  alignas(32) float scores[kKeyBlock + 8];
   // Key and value rows of every key some query of this task may see, gathered once: the queries
   // of a prefill chunk or a speculative verification share them.
   const bool windowed = a.window > 0 && a.sparse.block == 0;
   const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) : 0;
   const int64_t last_key = first_pos + t.q_end - 1;
   thread_local std::vector<const float*> krows_all, vrows_all;
-  krows_all.resize(size_t(last_key - first_key + 1));
+  const int64_t n_keys = last_key - first_key + 1;
+  krows_all.resize(size_t(n_keys));
   vrows_all.resize(krows_all.size());
   {
     // Walk the block table instead of dividing per key (a division costs more than the dot
@@ -63,6 +64,12 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       }
     }
   }
+  // The keys transposed (one column per key): a block of scores is then a few FMAs per 8 keys with
+  // no horizontal sums, and the transposition is shared by every query of the task and its group.
+  thread_local std::vector<float> kt;
+  const int64_t kt_stride = (n_keys + 7) / 8 * 8 + 8;
+  kt.resize(size_t(hd * kt_stride));
+  ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data(), kt_stride);
   // Block-sparse: this sequence's kept key blocks for (kv head, query block).
   const BlockSparseLayout& sp = a.sparse;
   const bool sparse = sp.block > 0 && sp.seq_base[t.seq] >= 0;
@@ -79,11 +86,10 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     auto visit = [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
-        const float* const* krows = krows_all.data() + (b - first_key);
+        const float* kcols = kt.data() + (b - first_key);
         const float* const* vrows = vrows_all.data() + (b - first_key);
         for (int64_t g = 0; g < group; ++g) {
-          ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
-          const float block_max = *std::max_element(scores, scores + n);
+          const float block_max = ops.dot_cols(q + g * hd, kcols, kt_stride, n, hd, a.scale, scores);
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;

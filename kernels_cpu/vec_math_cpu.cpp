@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels_cpu.h"
@@ -10,12 +11,23 @@ namespace tessera::cpu {
 
 namespace {
 
-void dot_rows_generic(const float* q, const float* const* rows, int n, int64_t hd, float scale, float* out) {
+void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt, int64_t stride) {
+  for (int64_t d = 0; d < hd; ++d) {
+    float* col = kt + d * stride;
+    for (int64_t j = 0; j < n; ++j) col[j] = rows[j][d];
+    std::fill(col + n, col + stride, 0.0f);
+  }
+}
+
+float dot_cols_generic(const float* q, const float* kt, int64_t stride, int n, int64_t hd, float scale, float* out) {
+  float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     float s = 0;
-    for (int64_t d = 0; d < hd; ++d) s += q[d] * rows[j][d];
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * kt[d * stride + j];
     out[j] = s * scale;
+    mx = std::max(mx, out[j]);
   }
+  return mx;
 }
 
 float exp_shift_generic(float* s, int n, float shift) {
@@ -41,50 +53,73 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
 }
 
 
-// Eight 8-wide products -> their eight horizontal sums, in one vector (lane j = sum of p[j]).
-__attribute__((target("avx2,fma"))) inline __m256 hsum8x8(const __m256* p) {
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
-  // a holds keys 0-3 from the low 128 bits in its low half and from the high bits in its high half.
-  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+__attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const* rows, int64_t n, int64_t hd, float* kt,
+                                                             int64_t stride) {
+  int64_t j = 0;
+  if (hd % 8 == 0) {
+    for (; j + 8 <= n; j += 8) {
+      for (int64_t d = 0; d < hd; d += 8) {
+        __m256 r[8], t[8];
+        for (int u = 0; u < 8; ++u) r[u] = _mm256_loadu_ps(rows[j + u] + d);
+        for (int u = 0; u < 8; u += 2) {
+          t[u] = _mm256_unpacklo_ps(r[u], r[u + 1]);
+          t[u + 1] = _mm256_unpackhi_ps(r[u], r[u + 1]);
+        }
+        for (int u = 0; u < 8; u += 4) {
+          r[u] = _mm256_shuffle_ps(t[u], t[u + 2], 0x44);
+          r[u + 1] = _mm256_shuffle_ps(t[u], t[u + 2], 0xEE);
+          r[u + 2] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0x44);
+          r[u + 3] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0xEE);
+        }
+        for (int u = 0; u < 4; ++u) {
+          _mm256_storeu_ps(kt + (d + u) * stride + j, _mm256_permute2f128_ps(r[u], r[u + 4], 0x20));
+          _mm256_storeu_ps(kt + (d + u + 4) * stride + j, _mm256_permute2f128_ps(r[u], r[u + 4], 0x31));
+        }
+      }
+    }
+  }
+  for (int64_t d = 0; d < hd; ++d) {
+    float* col = kt + d * stride;
+    for (int64_t i = j; i < n; ++i) col[i] = rows[i][d];
+    std::fill(col + n, col + stride, 0.0f);
+  }
 }
 
-// Keys are independent, so four (or, for head size 8, eight) run side by side: one key's chain of
-// FMAs over the head would otherwise wait on FMA latency at every step.
-__attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* q, const float* const* rows, int n, int64_t hd,
-                                                       float scale, float* out) {
-  if (hd % 8 != 0) return dot_rows_generic(q, rows, n, hd, scale, out);
+// Scores of 8 keys per vector, the FMA chain over the head dimension per vector; four vectors in
+// flight hide the FMA latency.
+__attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const float* kt, int64_t stride, int n,
+                                                       int64_t hd, float scale, float* out) {
   const __m256 vscale = _mm256_set1_ps(scale);
   int j = 0;
-  if (hd == 8) {
-    const __m256 qv = _mm256_loadu_ps(q);
-    for (; j + 8 <= n; j += 8) {
-      __m256 p[8];
-      for (int u = 0; u < 8; ++u) p[u] = _mm256_mul_ps(qv, _mm256_loadu_ps(rows[j + u]));
-      _mm256_storeu_ps(out + j, _mm256_mul_ps(hsum8x8(p), vscale));
-    }
-    for (; j < n; ++j) out[j] = hsum256(_mm256_mul_ps(qv, _mm256_loadu_ps(rows[j]))) * scale;
-    return;
-  }
-  for (; j + 4 <= n; j += 4) {
+  for (; j + 32 <= n; j += 32) {
+    const float* c = kt + j;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + d), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 1] + d), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 2] + d), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 3] + d), a3);
+    for (int64_t d = 0; d < hd; ++d, c += stride) {
+      const __m256 qd = _mm256_broadcast_ss(q + d);
+      a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c), a0);
+      a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 8), a1);
+      a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 16), a2);
+      a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 24), a3);
     }
-    out[j] = hsum256(a0) * scale;
-    out[j + 1] = hsum256(a1) * scale;
-    out[j + 2] = hsum256(a2) * scale;
-    out[j + 3] = hsum256(a3) * scale;
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(a0, vscale));
+    _mm256_storeu_ps(out + j + 8, _mm256_mul_ps(a1, vscale));
+    _mm256_storeu_ps(out + j + 16, _mm256_mul_ps(a2, vscale));
+    _mm256_storeu_ps(out + j + 24, _mm256_mul_ps(a3, vscale));
   }
-  for (; j < n; ++j) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[j] + d), acc);
-    out[j] = hsum256(acc) * scale;
+  for (; j < n; j += 8) {  // the last vector may run past n (into zeros or later keys): ignored
+    const float* c = kt + j;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d, c += stride) a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), _mm256_loadu_ps(c), a);
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(a, vscale));
   }
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(out + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float m = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_shuffle_ps(m4, m4, 1)));
+  for (; i < n; ++i) m = std::max(m, out[i]);
+  return m;
 }
 
 __attribute__((target("avx2,fma"))) float exp_shift_avx2(float* s, int n, float shift) {
@@ -125,8 +160,8 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
 }  // namespace
 
 const VecOps& vec_ops() {
-  static const VecOps generic{dot_rows_generic, exp_shift_generic, weighted_sum_generic};
-  static const VecOps avx2{dot_rows_avx2, exp_shift_avx2, weighted_sum_avx2};
+  static const VecOps generic{transpose_rows_generic, dot_cols_generic, exp_shift_generic, weighted_sum_generic};
+  static const VecOps avx2{transpose_rows_avx2, dot_cols_avx2, exp_shift_avx2, weighted_sum_avx2};
   return has_avx2() ? avx2 : generic;
 }
 

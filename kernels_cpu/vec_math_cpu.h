@@ -9,8 +9,13 @@
 namespace tessera::cpu {
 
 struct VecOps {
-  // out[j] = scale * dot(q, rows[j][0..hd)) for j < n.
-  void (*dot_rows)(const float* q, const float* const* rows, int n, int64_t hd, float scale, float* out);
+  // Keys stored transposed, kt[d * stride + j] = rows[j][d] (j < n, d < hd), columns n..stride-1
+  // zeroed; stride >= round_up(n, 8). Done once per attention task and shared by all its queries.
+  void (*transpose_rows)(const float* const* rows, int64_t n, int64_t hd, float* kt, int64_t stride);
+  // out[j] = scale * sum_d q[d] * kt[d * stride + j] for j < n, each a chain over d in order (so a
+  // score does not depend on which keys share its vector); out needs room for round_up(n, 8).
+  // Returns max_j out[j].
+  float (*dot_cols)(const float* q, const float* kt, int64_t stride, int n, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
   // acc[0..hd) += sum_j p[j] * rows[j][0..hd).

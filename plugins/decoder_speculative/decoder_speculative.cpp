@@ -216,7 +216,10 @@ void register_speculative(Registrar& r) {
       {"ngram_min", ParamType::integer, 1, "ngram: shortest suffix to look up", {}},
       {"layers", ParamType::integer, 0, "layer_skip: layers the draft runs (0 = half the target's)", {}},
       {"draft_model", ParamType::string, "", "draft_model: GGUF file of the draft (same vocabulary as the target)", {}},
-      {"draft_quantizer", ParamType::string, "int4", "self_quantized: quantizer plugin for the draft weights", {}},
+      {"draft_quantizer", ParamType::string, "",
+       "quantizer plugin for the draft weights: self_quantized's (empty = int4); draft_model's (empty = the "
+       "target's quantizer; e.g. gguf keeps a Q8_0 draft in its blocks)",
+       {}},
       {"draft_memory", ParamType::size, "64MiB", "draft_model / self_quantized: the draft's KV cache (paged)", {}}};
   params.insert(params.end(), own.begin(), own.end());
   r.add<Decoder>("speculative",

@@ -168,9 +168,7 @@ class DraftModelProposer final : public ModelProposer {
     if (kind_ == "draft_model" && path_.empty()) {
       throw Error("proposer draft_model needs draft_model: PATH (a GGUF with the target's vocabulary)");
     }
-    if (kind_ == "self_quantized" && quantizer_name_.empty()) {
-      throw Error("proposer self_quantized needs draft_quantizer: NAME (e.g. int4)");
-    }
+    if (kind_ == "self_quantized" && quantizer_name_.empty()) quantizer_name_ = "int4";
   }
 
   void attach(const SpeculationHost& host) override {
@@ -180,8 +178,13 @@ class DraftModelProposer final : public ModelProposer {
       if (!std::filesystem::exists(path)) throw Error("draft_model: file '" + path_ + "' not found");
       file_ = GgufFile::open(path);
       check_vocabulary(load_vocabulary(*file_), host.tokenizer.vocabulary(), path, host.spec.model);
-      const ComponentSpec& q = host.spec.components.at(ComponentKind::quantizer);
-      quantizer_ = host.registry.create<Quantizer>(q.plugin, q.params, where + " quantizer " + q.plugin);
+      if (quantizer_name_.empty()) {
+        const ComponentSpec& q = host.spec.components.at(ComponentKind::quantizer);
+        quantizer_ = host.registry.create<Quantizer>(q.plugin, q.params, where + " quantizer " + q.plugin);
+      } else {
+        quantizer_ = host.registry.create<Quantizer>(quantizer_name_, nlohmann::json::object(),
+                                                     where + " quantizer " + quantizer_name_);
+      }
     } else {
       file_ = host.file;
       quantizer_ = host.registry.create<Quantizer>(quantizer_name_, nlohmann::json::object(),

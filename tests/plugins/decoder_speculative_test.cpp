@@ -35,6 +35,9 @@ std::map<std::string, nlohmann::json> proposers() {
       {"layer_skip", {{"plugin", "speculative"}, {"proposer", "layer_skip"}, {"layers", 3}, {"window", 3}}},
       {"draft_model", {{"plugin", "speculative"}, {"proposer", "draft_model"}, {"draft_model", test::kStoriesQ8}}},
       {"self_quantized", {{"plugin", "speculative"}, {"proposer", "self_quantized"}, {"draft_quantizer", "int4"}}},
+      // The Q8_0 draft in its own blocks (gguf), not through the f32 target's quantizer.
+      {"draft_model_gguf",
+       {{"plugin", "speculative"}, {"proposer", "draft_model"}, {"draft_model", test::kStoriesQ8}, {"draft_quantizer", "gguf"}}},
       {"ngram_prefix_lru", {{"plugin", "speculative"}, {"proposer", "ngram"}, {"window", 5}}},
       {"ngram_adaptive",
        {{"plugin", "speculative"}, {"proposer", "ngram"}, {"window", 2}, {"adaptive", true}, {"max_window", 6}}},
@@ -113,8 +116,8 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyOnTheGoldenPromptsAloneAndBatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Proposers, SpeculativeGreedy,
-                         testing::Values("ngram", "layer_skip", "draft_model", "self_quantized", "ngram_adaptive",
-                                         "ngram_prefix_lru"));
+                         testing::Values("ngram", "layer_skip", "draft_model", "draft_model_gguf", "self_quantized",
+                                         "ngram_adaptive", "ngram_prefix_lru"));
 
 TEST(Speculative, SeededSamplingIsBatchIndependentAndCancellationFreesEverything) {
   for (const std::string name : {"ngram", "draft_model"}) {
