@@ -25,7 +25,7 @@ struct Task {
 
 constexpr int64_t kMaxGroup = 64;
 constexpr int64_t kMaxHeadDim = 512;
-constexpr int64_t kKeyBlock = 256;
+constexpr int64_t kKeyBlock = 64;
 
 void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
@@ -40,11 +40,12 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 
   float m[kMaxGroup], l[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
-  alignas(32) float scores[kKeyBlock + 8];
+  alignas(32) float scores[kKeyBlock + 16];
   // Key and value rows of every key some query of this task may see, gathered once: the queries
   // of a prefill chunk or a speculative verification share them.
   const bool windowed = a.window > 0 && a.sparse.block == 0;
-  const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) : 0;
+  // From a multiple of 8, the keys' chunk boundary in the transposed copy below.
+  const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) / 8 * 8 : 0;
   const int64_t last_key = first_pos + t.q_end - 1;
   thread_local std::vector<const float*> krows_all, vrows_all;
   const int64_t n_keys = last_key - first_key + 1;
@@ -64,12 +65,12 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       }
     }
   }
-  // The keys transposed (one column per key): a block of scores is then a few FMAs per 8 keys with
-  // no horizontal sums, and the transposition is shared by every query of the task and its group.
+  // The keys transposed in chunks of 8 (see VecOps): a block of scores is then a few FMAs per 8
+  // keys with no horizontal sums, and the transposition is shared by every query of the task and
+  // its group.
   thread_local std::vector<float> kt;
-  const int64_t kt_stride = (n_keys + 7) / 8 * 8 + 8;
-  kt.resize(size_t(hd * kt_stride));
-  ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data(), kt_stride);
+  kt.resize(size_t((n_keys + 7) / 8 * 8 * hd));
+  ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data());
   // Block-sparse: this sequence's kept key blocks for (kv head, query block).
   const BlockSparseLayout& sp = a.sparse;
   const bool sparse = sp.block > 0 && sp.seq_base[t.seq] >= 0;
@@ -86,18 +87,21 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     auto visit = [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
-        const float* kcols = kt.data() + (b - first_key);
+        // Scores from the chunk holding key b: `skip` keys before b are computed and ignored.
+        const int skip = static_cast<int>((b - first_key) % 8);
+        const float* kchunks = kt.data() + (b - first_key) / 8 * 8 * hd;
         const float* const* vrows = vrows_all.data() + (b - first_key);
+        float* sb = scores + skip;
         for (int64_t g = 0; g < group; ++g) {
-          const float block_max = ops.dot_cols(q + g * hd, kcols, kt_stride, n, hd, a.scale, scores);
+          const float block_max = ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores);
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;
           if (correction != 1.0f) {
             for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
           }
-          l[g] = l[g] * correction + ops.exp_shift(scores, n, new_m);
-          ops.weighted_sum(scores, vrows, n, hd, ag);
+          l[g] = l[g] * correction + ops.exp_shift(sb, n, new_m);
+          ops.weighted_sum(sb, vrows, n, hd, ag);
           m[g] = new_m;
         }
       }

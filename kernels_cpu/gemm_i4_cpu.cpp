@@ -31,6 +31,7 @@ constexpr int32_t kPackedTiles = 1 << 8;
 
 constexpr int64_t kBlock = 32;            // activation quantization block (elements)
 constexpr int64_t kRowsPerTile = 4;       // weight rows sharing one pass over x
+constexpr int64_t kRowsPerBand = 8;       // rows packed together: decode's two tiles in one stream
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of a packed stream to prefetch
 
 // Reference: float arithmetic, any group size; used without AVX2.
@@ -124,54 +125,37 @@ void quantize_x(const float* x, int64_t m, int64_t k, int64_t g, QuantizedX& out
   }
 }
 
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-// 32 packed nibbles (16 bytes) → 32 unsigned bytes: low nibbles (even elements) in the low lane,
-// high nibbles (odd elements) in the high lane.
-__attribute__((target("avx2,fma"))) inline __m256i unpack32(const uint8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i lo = _mm_and_si128(bytes, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  return _mm256_set_m128i(hi, lo);
-}
-
-// Σ over 32 elements of (nibble · int8), as 8 int32 partial sums converted to float.
-__attribute__((target("avx2,fma"))) inline __m256 dot32(__m256i w, __m256i xq) {
-  const __m256i pairs = _mm256_maddubs_epi16(w, xq);  // ≤ 2·15·127: no saturation
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
 // One tile's nibbles and per-group scales (and zeros): four row-major rows (any tile, a short one
-// repeating its last row), or one packed tile (kPacked: whole tiles only, pointers to its start).
+// repeating its last row), or four rows of a packed band (kPacked: pointers to the tile's first
+// bytes and scales inside the band, which interleaves `band` rows per block and per group).
 template <bool kPacked>
 struct Tile {
   const uint8_t* w[kRowsPerTile];
   const float* s[kRowsPerTile];
   const float* z[kRowsPerTile];  // null: symmetric, zero point 8
-  const uint8_t* block(int64_t r, int64_t b) const {
-    return kPacked ? w[0] + b * (kRowsPerTile * kBlock / 2) + r * (kBlock / 2) : w[r] + b * (kBlock / 2);
+  int64_t band = kRowsPerTile;
+  // Block b of rows 0|1 (pair 0) or 2|3 (pair 1): [row 2p's 16 bytes | row 2p+1's 16 bytes].
+  __attribute__((target("avx2,fma"))) __m256i pair(int64_t b, int p) const {
+    if constexpr (kPacked) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0] + b * (band * kBlock / 2) + p * kBlock));
+    } else {
+      return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w[2 * p + 1] + b * (kBlock / 2)),
+                                 reinterpret_cast<const __m128i*>(w[2 * p] + b * (kBlock / 2)));
+    }
   }
-  float scale(int64_t r, int64_t gi) const { return kPacked ? s[0][gi * kRowsPerTile + r] : s[r][gi]; }
   // Group gi's scales (zeros) of the four rows.
   __attribute__((target("avx2,fma"))) __m128 scales(int64_t gi) const {
-    return kPacked ? _mm_loadu_ps(s[0] + gi * kRowsPerTile) : _mm_setr_ps(s[0][gi], s[1][gi], s[2][gi], s[3][gi]);
+    return kPacked ? _mm_loadu_ps(s[0] + gi * band) : _mm_setr_ps(s[0][gi], s[1][gi], s[2][gi], s[3][gi]);
   }
   __attribute__((target("avx2,fma"))) __m128 zeros(int64_t gi) const {
     if (z[0] == nullptr) return _mm_set1_ps(8.0f);
-    return kPacked ? _mm_loadu_ps(z[0] + gi * kRowsPerTile) : _mm_setr_ps(z[0][gi], z[1][gi], z[2][gi], z[3][gi]);
+    return kPacked ? _mm_loadu_ps(z[0] + gi * band) : _mm_setr_ps(z[0][gi], z[1][gi], z[2][gi], z[3][gi]);
   }
 };
 
 // Σ over groups of s·z·Σx for the four rows of a tile (what the zero points add to x·q·s), side by
 // side, in group order. The products of the first 4·⌊groups/4⌋ groups are rounded before they are
-// added (the barrier keeps the compiler from fusing them), the rest fused: the exact arithmetic of
-// the per-row loop this replaced as GCC vectorized it, so results did not change by a bit.
+// added (the barrier keeps the compiler from fusing them), the rest fused.
 template <bool kPacked>
 __attribute__((target("avx2,fma"))) inline __m128 zero_point_terms(const Tile<kPacked>& tl, const float* gs,
                                                                    int64_t groups) {
@@ -188,101 +172,112 @@ __attribute__((target("avx2,fma"))) inline __m128 zero_point_terms(const Tile<kP
   return corr;
 }
 
-// m = 1 on one packed tile (decode): one sequential stream of 64-byte blocks, prefetched ahead.
-// A block's rows 0|1 (and 2|3) come in one 32-byte load; their low nibbles (even elements) meet x's
-// even half broadcast to both lanes, the high nibbles its odd half. So each accumulator holds half
-// of two rows' lanes: e01 = [row 0 lanes 0-3 | row 1 lanes 0-3], o01 the lanes 4-7. Every lane sees
-// the same int32 partial sums and the same fma(·, s·dx, acc) chain as in tile_avx2, so the result
-// is bit-identical, with no cross-lane shuffle of the weights.
-__attribute__((target("avx2,fma"))) void gemv_packed(const QuantizedX& xq, const Tile<true>& tl, int64_t k,
-                                                     int64_t g, float* y) {
+// A pair of rows' block split into its low nibbles (even elements) and high nibbles (odd ones).
+struct Nibbles {
+  __m256i lo, hi;
+};
+
+__attribute__((target("avx2,fma"))) inline Nibbles split(__m256i b) {
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  return {_mm256_and_si256(b, mask), _mm256_and_si256(_mm256_srli_epi16(b, 4), mask)};
+}
+
+// Σ nibble·x over one block for a pair of rows: lanes 0-3 row 2p, lanes 4-7 row 2p+1. The even and
+// odd products are added as int16 (|each| ≤ 2·15·128, the sum fits) before one widening madd.
+__attribute__((target("avx2,fma"))) inline __m256 pair_dot(Nibbles n, __m256i xe, __m256i xo) {
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(n.lo, xe), _mm256_maddubs_epi16(n.hi, xo));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+// One row of quantized x against kTiles consecutive tiles: y[t·4 + r] for r < rows (the last
+// tile's). Nibbles come from `nib` (kReuse, one tile: unpacked once for all rows of x, 4 vectors per
+// block: rows 0|1 low, high, rows 2|3 low, high) or straight from the tiles, with a prefetch ahead
+// of the stream when packed. Decode runs two tiles per pass so that x's loads are shared. Each row
+// sees the same arithmetic in the same order whichever way, so its result does not depend on m
+// (decode, prefill and verification agree to the bit).
+template <bool kPacked, bool kReuse, int kTiles>
+__attribute__((target("avx2,fma"))) void tile_row(const int8_t* xr, const float* xd, const float* gsum,
+                                                  const Tile<kPacked>* tl, const uint8_t* nib, int64_t k, int64_t g,
+                                                  int64_t rows, float* y) {
+  static_assert(!kReuse || kTiles == 1, "a reused unpacked tile is one tile");
   const int64_t groups = k / g;
   const int64_t blocks_per_group = g / kBlock;
-  const int8_t* xr = xq.q.data();
-  const float* xd = xq.d.data();
-  const uint8_t* wp = tl.w[0];
-  const __m256i mask = _mm256_set1_epi8(0x0f);
   const __m256i sel01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i sel23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-  __m256 e01 = _mm256_setzero_ps(), o01 = _mm256_setzero_ps(), e23 = _mm256_setzero_ps(), o23 = _mm256_setzero_ps();
+  __m256 a01[kTiles], a23[kTiles];
+  for (int t = 0; t < kTiles; ++t) a01[t] = a23[t] = _mm256_setzero_ps();
   for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
-    const __m256 s = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(tl.s[0] + gi * kRowsPerTile));
-    for (const int64_t end = b + blocks_per_group; b < end; ++b, wp += kRowsPerTile * kBlock / 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchBytes, _MM_HINT_T0);
+    __m256 s[kTiles];
+    for (int t = 0; t < kTiles; ++t) {
+      const __m128 s4 = tl[t].scales(gi);
+      s[t] = _mm256_set_m128(s4, s4);
+    }
+    for (const int64_t end = b + blocks_per_group; b < end; ++b) {
       const __m256i xe = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock)));
       const __m256i xo =
           _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock + 16)));
-      const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(xd[b]));  // [s_r·dx] in both lanes
-      const __m256 d01 = _mm256_permutevar_ps(sd, sel01), d23 = _mm256_permutevar_ps(sd, sel23);
-      const __m256i b01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      const __m256i b23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + kBlock));
-      e01 = _mm256_fmadd_ps(dot32(_mm256_and_si256(b01, mask), xe), d01, e01);
-      o01 = _mm256_fmadd_ps(dot32(_mm256_and_si256(_mm256_srli_epi16(b01, 4), mask), xo), d01, o01);
-      e23 = _mm256_fmadd_ps(dot32(_mm256_and_si256(b23, mask), xe), d23, e23);
-      o23 = _mm256_fmadd_ps(dot32(_mm256_and_si256(_mm256_srli_epi16(b23, 4), mask), xo), d23, o23);
-    }
-  }
-  float c[kRowsPerTile];
-  _mm_storeu_ps(c, zero_point_terms(tl, xq.gsum.data(), groups));
-  y[0] = hsum(_mm256_permute2f128_ps(e01, o01, 0x20)) - c[0];
-  y[1] = hsum(_mm256_permute2f128_ps(e01, o01, 0x31)) - c[1];
-  y[2] = hsum(_mm256_permute2f128_ps(e23, o23, 0x20)) - c[2];
-  y[3] = hsum(_mm256_permute2f128_ps(e23, o23, 0x31)) - c[3];
-}
-
-// One tile of W against all m quantized rows of x; writes y[i][0..rows) (y at the tile's column).
-// For m > 1 the tile's nibbles are unpacked once into `t` (4 rows x k bytes, L1-resident) and
-// reused by every row of x. Both layouts run the same arithmetic in the same order.
-template <bool kPacked>
-__attribute__((target("avx2,fma"))) void tile_avx2(const QuantizedX& xq, int64_t m, const Tile<kPacked>& tl,
-                                                   int64_t rows, int64_t k, int64_t g, float* y, int64_t n,
-                                                   __m256i* t) {
-  const int64_t groups = k / g;
-  const int64_t blocks = k / kBlock;
-  const int64_t blocks_per_group = g / kBlock;
-  const bool reuse = m > 1;
-  if (reuse) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t r = 0; r < kRowsPerTile; ++r) _mm256_storeu_si256(t + 4 * b + r, unpack32(tl.block(r, b)));
-    }
-  }
-  for (int64_t i = 0; i < m; ++i) {
-    const int8_t* xr = xq.q.data() + i * k;
-    const float* xd = xq.d.data() + i * blocks;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-           a3 = _mm256_setzero_ps();
-    for (int64_t gi = 0; gi < groups; ++gi) {
-      const __m256 d0 = _mm256_set1_ps(tl.scale(0, gi)), d1 = _mm256_set1_ps(tl.scale(1, gi)),
-                   d2 = _mm256_set1_ps(tl.scale(2, gi)), d3 = _mm256_set1_ps(tl.scale(3, gi));
-      for (int64_t b = gi * blocks_per_group; b < (gi + 1) * blocks_per_group; ++b) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock));
-        const __m256 dx = _mm256_set1_ps(xd[b]);
-        __m256i u0, u1, u2, u3;
-        if (reuse) {
-          u0 = _mm256_loadu_si256(t + 4 * b + 0);
-          u1 = _mm256_loadu_si256(t + 4 * b + 1);
-          u2 = _mm256_loadu_si256(t + 4 * b + 2);
-          u3 = _mm256_loadu_si256(t + 4 * b + 3);
+      const __m256 dx = _mm256_set1_ps(xd[b]);
+#pragma GCC unroll 2
+      for (int t = 0; t < kTiles; ++t) {
+        Nibbles n01, n23;
+        if constexpr (kReuse) {
+          const auto* v = reinterpret_cast<const __m256i*>(nib) + 4 * b;
+          n01 = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+          n23 = {_mm256_loadu_si256(v + 2), _mm256_loadu_si256(v + 3)};
         } else {
-          u0 = unpack32(tl.block(0, b));
-          u1 = unpack32(tl.block(1, b));
-          u2 = unpack32(tl.block(2, b));
-          u3 = unpack32(tl.block(3, b));
+          if constexpr (kPacked) {
+            _mm_prefetch(reinterpret_cast<const char*>(tl[t].w[0] + b * (tl[t].band * kBlock / 2)) + kPrefetchBytes,
+                         _MM_HINT_T0);
+          }
+          n01 = split(tl[t].pair(b, 0));
+          n23 = split(tl[t].pair(b, 1));
         }
-        a0 = _mm256_fmadd_ps(dot32(u0, xv), _mm256_mul_ps(d0, dx), a0);
-        a1 = _mm256_fmadd_ps(dot32(u1, xv), _mm256_mul_ps(d1, dx), a1);
-        a2 = _mm256_fmadd_ps(dot32(u2, xv), _mm256_mul_ps(d2, dx), a2);
-        a3 = _mm256_fmadd_ps(dot32(u3, xv), _mm256_mul_ps(d3, dx), a3);
+        const __m256 sd = _mm256_mul_ps(s[t], dx);  // [s_r·dx] in both lanes
+        a01[t] = _mm256_fmadd_ps(pair_dot(n01, xe, xo), _mm256_permutevar_ps(sd, sel01), a01[t]);
+        a23[t] = _mm256_fmadd_ps(pair_dot(n23, xe, xo), _mm256_permutevar_ps(sd, sel23), a23[t]);
       }
     }
+  }
+  for (int t = 0; t < kTiles; ++t) {
+    // Each row's four lanes summed: hadd twice gives [r0 r2 r0 r2 | r1 r3 r1 r3].
+    const __m256 h = _mm256_hadd_ps(a01[t], a23[t]);
+    float part[8];
+    _mm256_storeu_ps(part, _mm256_hadd_ps(h, h));
     float c[kRowsPerTile];
-    _mm_storeu_ps(c, zero_point_terms(tl, xq.gsum.data() + i * groups, groups));
-    const float out[kRowsPerTile] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-    for (int64_t r = 0; r < rows; ++r) y[i * n + r] = out[r] - c[r];
+    _mm_storeu_ps(c, zero_point_terms(tl[t], gsum, groups));
+    const float out[kRowsPerTile] = {part[0], part[4], part[1], part[5]};
+    const int64_t n = t == kTiles - 1 ? rows : kRowsPerTile;
+    for (int64_t r = 0; r < n; ++r) y[t * kRowsPerTile + r] = out[r] - c[r];
   }
 }
 
-// Rows [j0, j1) of W (j0 a multiple of kRowsPerTile) against all m quantized rows of x.
+// One tile against all m quantized rows of x (y at the tile's column). For m > 1 the tile is
+// unpacked once into `scratch` (128 bytes per block of 32 columns, L1-resident) and reused by
+// every row.
+template <bool kPacked>
+__attribute__((target("avx2,fma"))) void run_tile(const QuantizedX& xq, int64_t m, const Tile<kPacked>& tl,
+                                                  int64_t rows, int64_t k, int64_t g, float* y, int64_t n,
+                                                  std::vector<uint8_t>& scratch) {
+  const int64_t blocks = k / kBlock;
+  const int64_t groups = k / g;
+  if (m == 1) return tile_row<kPacked, false, 1>(xq.q.data(), xq.d.data(), xq.gsum.data(), &tl, nullptr, k, g, rows, y);
+  scratch.resize(size_t(blocks * 4 * sizeof(__m256i)));
+  auto* v = reinterpret_cast<__m256i*>(scratch.data());
+  for (int64_t b = 0; b < blocks; ++b, v += 4) {
+    const Nibbles n01 = split(tl.pair(b, 0)), n23 = split(tl.pair(b, 1));
+    _mm256_storeu_si256(v, n01.lo);
+    _mm256_storeu_si256(v + 1, n01.hi);
+    _mm256_storeu_si256(v + 2, n23.lo);
+    _mm256_storeu_si256(v + 3, n23.hi);
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    tile_row<kPacked, true, 1>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, &tl,
+                            scratch.data(), k, g, rows, y + i * n);
+  }
+}
+
+// Rows [j0, j1) of W (j0 a multiple of kRowsPerBand) against all m quantized rows of x. Packed
+// weights: bands of 8 rows, then one of 4 if that many remain, then row-major rows.
 void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y, int64_t j0, int64_t j1,
                   std::vector<uint8_t>& scratch) {
   const int64_t k = w.cols;
@@ -292,21 +287,34 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
   const auto* packed = static_cast<const uint8_t*>(w.data);
   const int64_t row_bytes = k / 2;
   const bool packed_tiles = (w.kernel_variant & kPackedTiles) != 0;
-  if (m > 1) scratch.resize(size_t(kRowsPerTile * k));
-  auto* t = reinterpret_cast<__m256i*>(scratch.data());
-  for (int64_t j = j0; j < j1; j += kRowsPerTile) {
-    const int64_t rows = std::min(kRowsPerTile, j1 - j);
-    if (packed_tiles && rows == kRowsPerTile && j + kRowsPerTile <= n) {
-      const Tile<true> tl{{packed + j * row_bytes},
-                          {w.scales + j * groups},
-                          {w.zeros != nullptr ? w.zeros + j * groups : nullptr}};
+  const int64_t bands_end = packed_tiles ? n / kRowsPerBand * kRowsPerBand : 0;
+  const int64_t packed_end = packed_tiles ? n / kRowsPerTile * kRowsPerTile : 0;
+  // Tile `sub` of the band starting at row j.
+  auto band_tile = [&](int64_t j, int64_t band, int64_t sub) {
+    auto params = [&](const float* p) { return p != nullptr ? p + j * groups + sub * kRowsPerTile : nullptr; };
+    return Tile<true>{{packed + j * row_bytes + sub * kRowsPerTile * (kBlock / 2)},
+                      {params(w.scales)},
+                      {params(w.zeros)},
+                      band};
+  };
+  for (int64_t j = j0; j < j1;) {
+    if (j < bands_end) {
+      const Tile<true> pair[2] = {band_tile(j, kRowsPerBand, 0), band_tile(j, kRowsPerBand, 1)};
       if (m == 1) {
-        gemv_packed(xq, tl, k, g, y + j);
+        tile_row<true, false, 2>(xq.q.data(), xq.d.data(), xq.gsum.data(), pair, nullptr, k, g, kRowsPerTile, y + j);
       } else {
-        tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
+        run_tile(xq, m, pair[0], kRowsPerTile, k, g, y + j, n, scratch);
+        run_tile(xq, m, pair[1], kRowsPerTile, k, g, y + j + kRowsPerTile, n, scratch);
       }
+      j += kRowsPerBand;
       continue;
     }
+    if (j < packed_end) {
+      run_tile(xq, m, band_tile(j, kRowsPerTile, 0), kRowsPerTile, k, g, y + j, n, scratch);
+      j += kRowsPerTile;
+      continue;
+    }
+    const int64_t rows = std::min(kRowsPerTile, j1 - j);
     Tile<false> tl{};
     for (int64_t r = 0; r < kRowsPerTile; ++r) {
       const int64_t jr = j + std::min(r, rows - 1);
@@ -314,19 +322,20 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
       tl.s[r] = w.scales + jr * groups;
       tl.z[r] = w.zeros != nullptr ? w.zeros + jr * groups : nullptr;
     }
-    tile_avx2(xq, m, tl, rows, k, g, y + j, n, t);
+    run_tile(xq, m, tl, rows, k, g, y + j, n, scratch);
+    j += rows;
   }
 }
 
-// Splits output rows [0, n) into tiles across an OpenMP team when the work is large enough, or
+// Splits output rows [0, n) into bands across an OpenMP team when the work is large enough, or
 // (decode) when the weights streamed are: one core reaches about half of the memory bandwidth.
 template <class F>
 void for_row_ranges(int64_t m, const WeightView& w, F run) {
   const int64_t n = w.rows, k = w.cols;
-  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
+  const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
   const int64_t groups = k / w.group_size;
   const int64_t bytes = n * (k / 2) + n * groups * int64_t(sizeof(float)) * (w.zeros != nullptr ? 2 : 1);
-  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1 || tiles == 1) {
+  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1 || bands == 1) {
     run(int64_t(0), n);
     return;
   }
@@ -334,9 +343,9 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
   {
     const int nt = omp_get_num_threads();
     const int t = omp_get_thread_num();
-    const int64_t per = (tiles + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerTile);
-    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
+    const int64_t per = (bands + nt - 1) / nt;
+    const int64_t j0 = std::min(n, per * t * kRowsPerBand);
+    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerBand);
     if (j0 < j1) run(j0, j1);
   }
 }
@@ -350,8 +359,10 @@ bool avx2_applies(const WeightView& w) {
 }  // namespace
 
 void prepare_weight_i4(WeightView& w) {
-  // Only the default variant's AVX2 kernel reads packed tiles (the scalar code reads rows); a view
-  // is packed once.
+  // Only the default variant's AVX2 kernel reads packed bands (the scalar code reads rows); a view
+  // is packed once. A band of R rows (8, or 4 for the last whole tile) stores each block of 32
+  // columns as R rows' 16 bytes side by side, and each group's R scales (zeros) side by side: the
+  // kernel then reads one sequential stream of weights and one of scales.
   WeightView v = w;
   if (v.group_size <= 0) v.group_size = v.cols;  // one group per row, as gemm_i4 reads it
   if (w.kernel_variant != kVariantDefault || !avx2_applies(v)) return;
@@ -361,26 +372,28 @@ void prepare_weight_i4(WeightView& w) {
   const int64_t groups = k / v.group_size;
   constexpr int64_t kChunk = kBlock / 2;  // one row's bytes of a block
   auto* data = static_cast<uint8_t*>(const_cast<void*>(w.data));
-  std::vector<uint8_t> rows(size_t(kRowsPerTile * row_bytes));
-  std::vector<float> params(size_t(kRowsPerTile * groups));
-  // Per-group floats of a tile from [row][group] to [group][row].
-  auto transpose = [&](float* tile) {
-    std::copy(tile, tile + kRowsPerTile * groups, params.begin());
-    for (int64_t r = 0; r < kRowsPerTile; ++r) {
-      for (int64_t gi = 0; gi < groups; ++gi) tile[gi * kRowsPerTile + r] = params[size_t(r * groups + gi)];
+  std::vector<uint8_t> rows(size_t(kRowsPerBand * row_bytes));
+  std::vector<float> params(size_t(kRowsPerBand * groups));
+  // Per-group floats of a band from [row][group] to [group][row].
+  auto transpose = [&](float* band, int64_t r_count) {
+    std::copy(band, band + r_count * groups, params.begin());
+    for (int64_t r = 0; r < r_count; ++r) {
+      for (int64_t gi = 0; gi < groups; ++gi) band[gi * r_count + r] = params[size_t(r * groups + gi)];
     }
   };
-  for (int64_t j = 0; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
-    uint8_t* tile = data + j * row_bytes;
-    std::copy(tile, tile + kRowsPerTile * row_bytes, rows.begin());
-    for (int64_t r = 0; r < kRowsPerTile; ++r) {
+  for (int64_t j = 0; j + kRowsPerTile <= w.rows;) {
+    const int64_t r_count = j + kRowsPerBand <= w.rows ? kRowsPerBand : kRowsPerTile;
+    uint8_t* band = data + j * row_bytes;
+    std::copy(band, band + r_count * row_bytes, rows.begin());
+    for (int64_t r = 0; r < r_count; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* src = rows.data() + r * row_bytes + b * kChunk;
-        std::copy(src, src + kChunk, tile + (b * kRowsPerTile + r) * kChunk);
+        std::copy(src, src + kChunk, band + (b * r_count + r) * kChunk);
       }
     }
-    transpose(const_cast<float*>(w.scales) + j * groups);
-    if (w.zeros != nullptr) transpose(const_cast<float*>(w.zeros) + j * groups);
+    transpose(const_cast<float*>(w.scales) + j * groups, r_count);
+    if (w.zeros != nullptr) transpose(const_cast<float*>(w.zeros) + j * groups, r_count);
+    j += r_count;
   }
   w.kernel_variant |= kPackedTiles;
 }

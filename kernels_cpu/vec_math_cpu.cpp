@@ -11,21 +11,21 @@ namespace tessera::cpu {
 
 namespace {
 
-void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt, int64_t stride) {
-  for (int64_t d = 0; d < hd; ++d) {
-    float* col = kt + d * stride;
-    for (int64_t j = 0; j < n; ++j) col[j] = rows[j][d];
-    std::fill(col + n, col + stride, 0.0f);
+void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt) {
+  for (int64_t j = 0; j < (n + 7) / 8 * 8; ++j) {
+    float* col = kt + j / 8 * 8 * hd + j % 8;
+    for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? rows[j][d] : 0.0f;
   }
 }
 
-float dot_cols_generic(const float* q, const float* kt, int64_t stride, int n, int64_t hd, float scale, float* out) {
+float dot_cols_generic(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out) {
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
+    const float* col = kt + j / 8 * 8 * hd + j % 8;
     float s = 0;
-    for (int64_t d = 0; d < hd; ++d) s += q[d] * kt[d * stride + j];
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * col[d * 8];
     out[j] = s * scale;
-    mx = std::max(mx, out[j]);
+    if (j >= skip) mx = std::max(mx, out[j]);
   }
   return mx;
 }
@@ -53,11 +53,12 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
 }
 
 
-__attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const* rows, int64_t n, int64_t hd, float* kt,
-                                                             int64_t stride) {
+__attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const* rows, int64_t n, int64_t hd,
+                                                             float* kt) {
   int64_t j = 0;
   if (hd % 8 == 0) {
     for (; j + 8 <= n; j += 8) {
+      float* chunk = kt + j * hd;
       for (int64_t d = 0; d < hd; d += 8) {
         __m256 r[8], t[8];
         for (int u = 0; u < 8; ++u) r[u] = _mm256_loadu_ps(rows[j + u] + d);
@@ -72,52 +73,52 @@ __attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const*
           r[u + 3] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0xEE);
         }
         for (int u = 0; u < 4; ++u) {
-          _mm256_storeu_ps(kt + (d + u) * stride + j, _mm256_permute2f128_ps(r[u], r[u + 4], 0x20));
-          _mm256_storeu_ps(kt + (d + u + 4) * stride + j, _mm256_permute2f128_ps(r[u], r[u + 4], 0x31));
+          _mm256_storeu_ps(chunk + (d + u) * 8, _mm256_permute2f128_ps(r[u], r[u + 4], 0x20));
+          _mm256_storeu_ps(chunk + (d + u + 4) * 8, _mm256_permute2f128_ps(r[u], r[u + 4], 0x31));
         }
       }
     }
   }
-  for (int64_t d = 0; d < hd; ++d) {
-    float* col = kt + d * stride;
-    for (int64_t i = j; i < n; ++i) col[i] = rows[i][d];
-    std::fill(col + n, col + stride, 0.0f);
+  for (; j < (n + 7) / 8 * 8; ++j) {
+    float* col = kt + j / 8 * 8 * hd + j % 8;
+    for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? rows[j][d] : 0.0f;
   }
 }
 
-// Scores of 8 keys per vector, the FMA chain over the head dimension per vector; four vectors in
-// flight hide the FMA latency.
-__attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const float* kt, int64_t stride, int n,
+// Scores of one chunk (8 keys) per vector, the FMA chain over the head dimension per vector; eight
+// chunks in flight hide the FMA latency (a chain is as long as the head).
+__attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
                                                        int64_t hd, float scale, float* out) {
   const __m256 vscale = _mm256_set1_ps(scale);
+  const int64_t chunk = 8 * hd;
   int j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const float* c = kt + j;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d, c += stride) {
+  for (; j + 64 <= n; j += 64) {
+    const float* c = kt + j * hd;
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d, c += 8) {
       const __m256 qd = _mm256_broadcast_ss(q + d);
-      a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c), a0);
-      a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 8), a1);
-      a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 16), a2);
-      a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + 24), a3);
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + u * chunk), a[u]);
     }
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(a0, vscale));
-    _mm256_storeu_ps(out + j + 8, _mm256_mul_ps(a1, vscale));
-    _mm256_storeu_ps(out + j + 16, _mm256_mul_ps(a2, vscale));
-    _mm256_storeu_ps(out + j + 24, _mm256_mul_ps(a3, vscale));
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(out + j + 8 * u, _mm256_mul_ps(a[u], vscale));
   }
-  for (; j < n; j += 8) {  // the last vector may run past n (into zeros or later keys): ignored
-    const float* c = kt + j;
+  for (; j < n; j += 8) {  // the last chunk may hold keys past n (later keys or zeros): ignored
+    const float* c = kt + j * hd;
     __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d, c += stride) a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), _mm256_loadu_ps(c), a);
+    for (int64_t d = 0; d < hd; ++d, c += 8) a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), _mm256_loadu_ps(c), a);
     _mm256_storeu_ps(out + j, _mm256_mul_ps(a, vscale));
   }
-  __m256 mx = _mm256_set1_ps(-INFINITY);
-  int i = 0;
+  float m = -INFINITY;
+  int i = skip;
+  for (; i < n && i % 8 != 0; ++i) m = std::max(m, out[i]);
+  __m256 mx = _mm256_set1_ps(m);
   for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(out + i));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  float m = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_shuffle_ps(m4, m4, 1)));
+  m = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_shuffle_ps(m4, m4, 1)));
   for (; i < n; ++i) m = std::max(m, out[i]);
   return m;
 }

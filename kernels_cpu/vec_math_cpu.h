@@ -9,13 +9,14 @@
 namespace tessera::cpu {
 
 struct VecOps {
-  // Keys stored transposed, kt[d * stride + j] = rows[j][d] (j < n, d < hd), columns n..stride-1
-  // zeroed; stride >= round_up(n, 8). Done once per attention task and shared by all its queries.
-  void (*transpose_rows)(const float* const* rows, int64_t n, int64_t hd, float* kt, int64_t stride);
-  // out[j] = scale * sum_d q[d] * kt[d * stride + j] for j < n, each a chain over d in order (so a
-  // score does not depend on which keys share its vector); out needs room for round_up(n, 8).
-  // Returns max_j out[j].
-  float (*dot_cols)(const float* q, const float* kt, int64_t stride, int n, int64_t hd, float scale, float* out);
+  // Keys transposed in chunks of 8: kt[(j / 8) * 8 * hd + d * 8 + j % 8] = rows[j][d] for j < n,
+  // d < hd, the last chunk's missing keys zero. Done once per attention task, shared by its queries;
+  // each chunk is read sequentially.
+  void (*transpose_rows)(const float* const* rows, int64_t n, int64_t hd, float* kt);
+  // out[j] = scale * sum_d q[d] * key j's column for j < n (kt at a chunk start), each a chain over d
+  // in order, so a score does not depend on which keys share its vector; out needs room for
+  // round_up(n, 8). Returns max over out[skip..n).
+  float (*dot_cols)(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
   // acc[0..hd) += sum_j p[j] * rows[j][0..hd).

@@ -169,7 +169,8 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
   // The CPU backend packs whole 4-row tiles for the AVX2 kernel (prepare_weight) and leaves a last
   // short tile row-major; the packed kernel must compute exactly what it computes on row-major
   // weights, on rows that are not whole tiles, k of odd block counts, every group size, and with
-  // a team of threads (771 x 768 forks by bytes streamed). Both stay within the activation step
+  // a team of threads (771 x 768 forks by bytes streamed), and give a row of x the same bits alone
+  // or in a batch. Both stay within the activation step
   // of the scalar reference.
   struct Shape {
     int64_t n, k;
@@ -198,6 +199,12 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
         const auto y_rows = gemm_on(row_major.view, x, m);
         EXPECT_EQ(gemm_on(packed.view, x, m), y_rows);
         EXPECT_EQ(linear_forward(*fast, x, m), y_rows) << "the quantizer's own (packed) weights";
+        // A row of x gets the same bits alone (decode) as inside the batch (prefill, verification).
+        for (int64_t i = 0; i < m && m > 1; ++i) {
+          const std::vector<float> xi(x.begin() + i * sh.k, x.begin() + (i + 1) * sh.k);
+          const auto alone = gemm_on(packed.view, xi, 1);
+          ASSERT_TRUE(std::equal(alone.begin(), alone.end(), y_rows.begin() + i * sh.n)) << "x row " << i << " alone";
+        }
         // Within the activation step of the scalar reference (float x): |Δ| <= Σ amax_b/254·|w|.
         const auto y_ref = linear_forward(*ref, x, m);
         const auto deq = dequantize(ref->view());
