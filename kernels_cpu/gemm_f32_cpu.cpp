@@ -82,39 +82,52 @@ using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t, bo
 // Only a single pass over a panel (decode) streams it from memory; a batch rereads it from L1.
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1, true>, tile<2, false>, tile<3, false>, tile<4, false>, tile<5, false>, tile<6, false>};
 
+// Few rows of x fit in L1 whole: one pass over k streams each panel once. Otherwise k is cut into
+// equal passes of at most kKc.
+int64_t pass_length(int64_t m, int64_t k) {
+  const int64_t passes = m < 2 * kMr ? 1 : (k + kKc - 1) / kKc;
+  return (k + passes - 1) / passes;
+}
+
+// x[i0 .. i0+mr)[p0 .. p0+kc) -> xp block [kc][mr], blocks one after another.
+void pack_pass(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, std::vector<float>& xp) {
+  xp.resize(size_t(((m + kMr - 1) / kMr) * kMr * kc));
+  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+    const int64_t mr = std::min(kMr, m - i0);
+    float* dst = xp.data() + i0 * kc;
+    for (int64_t r = 0; r < mr; ++r) {
+      const float* src = x + (i0 + r) * k + p0;
+      for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
+    }
+  }
+}
+
+// Panel q against all m rows of packed x, for the pass [p0, p0 + kc).
+void panel_pass(const std::vector<float>& xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0,
+                int64_t kc) {
+  const int64_t k = w.cols;
+  const int64_t n = w.rows;
+  const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
+  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+    const int64_t mr = std::min(kMr, m - i0);
+    kTiles[mr](xp.data() + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
+  }
+}
+
 // Panels [q0, q1) against all m rows of x.
 void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_t q0, int64_t q1,
                 std::vector<float>& xp) {
   const int64_t k = w.cols;
-  const int64_t n = w.rows;
   const auto* panels = static_cast<const float*>(w.data);
-  // Few rows of x fit in L1 whole: one pass over k streams each panel once. Otherwise k is cut
-  // into equal passes of at most kKc.
-  const int64_t passes = m < 2 * kMr ? 1 : (k + kKc - 1) / kKc;
-  const int64_t kc_max = (k + passes - 1) / passes;
-  xp.resize(size_t(((m + kMr - 1) / kMr) * kMr * kc_max));
+  const int64_t kc_max = pass_length(m, k);
   for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
     const int64_t kc = std::min(kc_max, k - p0);
-    // x[i0 .. i0+mr)[p0 .. p0+kc) -> xp block [kc][mr], blocks one after another.
-    for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-      const int64_t mr = std::min(kMr, m - i0);
-      float* dst = xp.data() + i0 * kc;
-      for (int64_t r = 0; r < mr; ++r) {
-        const float* src = x + (i0 + r) * k + p0;
-        for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
-      }
-    }
+    pack_pass(x, m, k, p0, kc, xp);
     int64_t q = q0;
     if (m == 1) {
       for (; q + 2 <= q1; q += 2) row_two_panels(xp.data(), panels + q * kPanel * k, k, y + q * kPanel);
     }
-    for (; q < q1; ++q) {
-      const float* wp = panels + q * kPanel * k + p0 * kPanel;
-      for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-        const int64_t mr = std::min(kMr, m - i0);
-        kTiles[mr](xp.data() + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
-      }
-    }
+    for (; q < q1; ++q) panel_pass(xp, m, w, y, q, p0, kc);
   }
 }
 
@@ -146,6 +159,24 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
     run_panels(x, m, w, y, 0, panels, xp);
     return panels * kPanel;
   }
+  if (m > 1) {
+    // A batch: panels are handed out a few at a time, so that a thread slowed by a neighbour on
+    // its core does not hold the other at the end; the barrier after each pass over k orders the
+    // passes' accumulations into y.
+    const int64_t kc_max = pass_length(m, k);
+#pragma omp parallel
+    {
+      thread_local std::vector<float> xp;
+      for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
+        const int64_t kc = std::min(kc_max, k - p0);
+        pack_pass(x, m, k, p0, kc, xp);
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t q = 0; q < panels; ++q) panel_pass(xp, m, w, y, q, p0, kc);
+      }
+    }
+    return panels * kPanel;
+  }
+  // Decode: each thread one contiguous band of panels, streamed once.
 #pragma omp parallel
   {
     thread_local std::vector<float> xp;
