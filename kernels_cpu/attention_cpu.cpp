@@ -65,12 +65,15 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       }
     }
   }
-  // The keys transposed in chunks of 8 (see VecOps): a block of scores is then a few FMAs per 8
-  // keys with no horizontal sums, and the transposition is shared by every query of the task and
-  // its group.
+  // With two or more queries (a GQA group, a prefill chunk, a verification) the keys are
+  // transposed in chunks of 8 once for all of them (see VecOps): their scores then take no
+  // horizontal sums. A lone query (MHA decode) reads the rows. Both give the same bits.
+  const bool transposed = group * (t.q_end - t.q_begin) >= 2;
   thread_local std::vector<float> kt;
-  kt.resize(size_t((n_keys + 7) / 8 * 8 * hd));
-  ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data());
+  if (transposed) {
+    kt.resize(size_t((n_keys + 7) / 8 * 8 * hd));
+    ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data());
+  }
   // Block-sparse: this sequence's kept key blocks for (kv head, query block).
   const BlockSparseLayout& sp = a.sparse;
   const bool sparse = sp.block > 0 && sp.seq_base[t.seq] >= 0;
@@ -87,13 +90,16 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     auto visit = [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
-        // Scores from the chunk holding key b: `skip` keys before b are computed and ignored.
-        const int skip = static_cast<int>((b - first_key) % 8);
-        const float* kchunks = kt.data() + (b - first_key) / 8 * 8 * hd;
+        // Transposed: scores from the chunk holding key b; `skip` keys before b are computed and
+        // ignored.
+        const int skip = transposed ? static_cast<int>((b - first_key) % 8) : 0;
+        const float* kchunks = transposed ? kt.data() + (b - first_key) / 8 * 8 * hd : nullptr;
+        const float* const* krows = krows_all.data() + (b - first_key);
         const float* const* vrows = vrows_all.data() + (b - first_key);
         float* sb = scores + skip;
         for (int64_t g = 0; g < group; ++g) {
-          const float block_max = ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores);
+          const float block_max = transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores)
+                                             : ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;

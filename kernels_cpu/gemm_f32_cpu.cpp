@@ -103,14 +103,13 @@ void pack_pass(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, std
 }
 
 // Panel q against all m rows of packed x, for the pass [p0, p0 + kc).
-void panel_pass(const std::vector<float>& xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0,
-                int64_t kc) {
+void panel_pass(const float* xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0, int64_t kc) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
   for (int64_t i0 = 0; i0 < m; i0 += kMr) {
     const int64_t mr = std::min(kMr, m - i0);
-    kTiles[mr](xp.data() + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
+    kTiles[mr](xp + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
   }
 }
 
@@ -120,14 +119,16 @@ void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_
   const int64_t k = w.cols;
   const auto* panels = static_cast<const float*>(w.data);
   const int64_t kc_max = pass_length(m, k);
+  if (m == 1) {  // one pass; x as it is is the packed layout
+    int64_t q = q0;
+    for (; q + 2 <= q1; q += 2) row_two_panels(x, panels + q * kPanel * k, k, y + q * kPanel);
+    if (q < q1) panel_pass(x, 1, w, y, q, 0, k);
+    return;
+  }
   for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
     const int64_t kc = std::min(kc_max, k - p0);
     pack_pass(x, m, k, p0, kc, xp);
-    int64_t q = q0;
-    if (m == 1) {
-      for (; q + 2 <= q1; q += 2) row_two_panels(xp.data(), panels + q * kPanel * k, k, y + q * kPanel);
-    }
-    for (; q < q1; ++q) panel_pass(xp, m, w, y, q, p0, kc);
+    for (int64_t q = q0; q < q1; ++q) panel_pass(xp.data(), m, w, y, q, p0, kc);
   }
 }
 
@@ -171,7 +172,7 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
         const int64_t kc = std::min(kc_max, k - p0);
         pack_pass(x, m, k, p0, kc, xp);
 #pragma omp for schedule(dynamic, 2)
-        for (int64_t q = 0; q < panels; ++q) panel_pass(xp, m, w, y, q, p0, kc);
+        for (int64_t q = 0; q < panels; ++q) panel_pass(xp.data(), m, w, y, q, p0, kc);
       }
     }
     return panels * kPanel;

@@ -18,7 +18,22 @@ void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, flo
   }
 }
 
-float dot_cols_generic(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out) {
+// The two generic score loops must round alike: never inlined into the AVX2 functions, where the
+// compiler could contract one of them into FMAs and not the other.
+__attribute__((noinline)) float dot_rows_generic(const float* q, const float* const* rows, int n, int64_t hd,
+                                                 float scale, float* out) {
+  float mx = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    float s = 0;
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * rows[j][d];
+    out[j] = s * scale;
+    mx = std::max(mx, out[j]);
+  }
+  return mx;
+}
+
+__attribute__((noinline)) float dot_cols_generic(const float* q, const float* kt, int n, int skip, int64_t hd,
+                                                 float scale, float* out) {
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     const float* col = kt + j / 8 * 8 * hd + j % 8;
@@ -85,40 +100,66 @@ __attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const*
   }
 }
 
-// Scores of one chunk (8 keys) per vector, the FMA chain over the head dimension per vector; eight
-// chunks in flight hide the FMA latency (a chain is as long as the head).
+__attribute__((target("avx2,fma"))) float max256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return std::max(_mm_cvtss_f32(m), _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)));
+}
+
+// Four keys side by side, each a vector of 8 lane chains over the head, then hsum256.
+__attribute__((target("avx2,fma"))) float dot_rows_avx2(const float* q, const float* const* rows, int n, int64_t hd,
+                                                       float scale, float* out) {
+  if (hd % 8 != 0) return dot_rows_generic(q, rows, n, hd, scale, out);
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 1] + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 2] + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 3] + d), a3);
+    }
+    out[j] = hsum256(a0) * scale;
+    out[j + 1] = hsum256(a1) * scale;
+    out[j + 2] = hsum256(a2) * scale;
+    out[j + 3] = hsum256(a3) * scale;
+  }
+  for (; j < n; ++j) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[j] + d), a);
+    out[j] = hsum256(a) * scale;
+  }
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = std::max(m, out[i]);
+  return m;
+}
+
+// One chunk (8 keys) per step: lane l's chain for the 8 keys is one vector (8 independent chains
+// hide the FMA latency), and the lanes are summed in hsum256's order.
 __attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
                                                        int64_t hd, float scale, float* out) {
+  if (hd % 8 != 0) return dot_cols_generic(q, kt, n, skip, hd, scale, out);
   const __m256 vscale = _mm256_set1_ps(scale);
-  const int64_t chunk = 8 * hd;
-  int j = 0;
-  for (; j + 64 <= n; j += 64) {
+  for (int j = 0; j < n; j += 8) {  // the last chunk may hold keys past n (later keys or zeros): ignored
     const float* c = kt + j * hd;
     __m256 a[8];
 #pragma GCC unroll 8
-    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d, c += 8) {
-      const __m256 qd = _mm256_broadcast_ss(q + d);
+    for (int l = 0; l < 8; ++l) a[l] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8, c += 64) {
 #pragma GCC unroll 8
-      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(c + u * chunk), a[u]);
+      for (int l = 0; l < 8; ++l) a[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + l), _mm256_loadu_ps(c + 8 * l), a[l]);
     }
-#pragma GCC unroll 8
-    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(out + j + 8 * u, _mm256_mul_ps(a[u], vscale));
-  }
-  for (; j < n; j += 8) {  // the last chunk may hold keys past n (later keys or zeros): ignored
-    const float* c = kt + j * hd;
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; ++d, c += 8) a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), _mm256_loadu_ps(c), a);
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(a, vscale));
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(s, vscale));
   }
   float m = -INFINITY;
   int i = skip;
   for (; i < n && i % 8 != 0; ++i) m = std::max(m, out[i]);
   __m256 mx = _mm256_set1_ps(m);
   for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(out + i));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_shuffle_ps(m4, m4, 1)));
+  m = max256(mx);
   for (; i < n; ++i) m = std::max(m, out[i]);
   return m;
 }
@@ -161,8 +202,9 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
 }  // namespace
 
 const VecOps& vec_ops() {
-  static const VecOps generic{transpose_rows_generic, dot_cols_generic, exp_shift_generic, weighted_sum_generic};
-  static const VecOps avx2{transpose_rows_avx2, dot_cols_avx2, exp_shift_avx2, weighted_sum_avx2};
+  static const VecOps generic{dot_rows_generic, transpose_rows_generic, dot_cols_generic, exp_shift_generic,
+                              weighted_sum_generic};
+  static const VecOps avx2{dot_rows_avx2, transpose_rows_avx2, dot_cols_avx2, exp_shift_avx2, weighted_sum_avx2};
   return has_avx2() ? avx2 : generic;
 }
 

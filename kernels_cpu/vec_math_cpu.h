@@ -9,13 +9,16 @@
 namespace tessera::cpu {
 
 struct VecOps {
-  // Keys transposed in chunks of 8: kt[(j / 8) * 8 * hd + d * 8 + j % 8] = rows[j][d] for j < n,
-  // d < hd, the last chunk's missing keys zero. Done once per attention task, shared by its queries;
-  // each chunk is read sequentially.
+  // Scores out[j] = scale * q·key_j, in two forms that give the same bits (a query's scores do
+  // not depend on how many queries share its keys): from the key rows, or from keys transposed in
+  // chunks of 8 (kt[(j / 8) * 8 * hd + d * 8 + j % 8] = rows[j][d], the last chunk's missing keys
+  // zero), which costs a transposition per attention task but no horizontal sums per key.
+  // With AVX2 and hd a multiple of 8 a score is 8 lane chains of FMAs over d = l, l+8, ... then
+  // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); otherwise one sequential sum.
+  // dot_rows: j < n, returns the max; dot_cols: kt at a chunk start, out needs room for
+  // round_up(n, 8), returns the max over [skip, n).
+  float (*dot_rows)(const float* q, const float* const* rows, int n, int64_t hd, float scale, float* out);
   void (*transpose_rows)(const float* const* rows, int64_t n, int64_t hd, float* kt);
-  // out[j] = scale * sum_d q[d] * key j's column for j < n (kt at a chunk start), each a chain over d
-  // in order, so a score does not depend on which keys share its vector; out needs room for
-  // round_up(n, 8). Returns max over out[skip..n).
   float (*dot_cols)(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
