@@ -320,7 +320,7 @@ void register_int4(Registrar& r) {
         "list of {pattern, scheme: symmetric|asymmetric|float, group_size} for tensors matching pattern; "
         "the first match wins, keep_float before all"},
        {"kernel", ParamType::string, "avx2",
-        "CPU kernel: avx2 (int8 activations per block of 32, weights in packed 4-row tiles; scalar on CPUs "
+        "CPU kernel: avx2 (int8 activations per block of 32, weights packed in 8-row bands; scalar on CPUs "
         "without AVX2) or reference (scalar, float activations, row-major weights); other backends use their own",
         {"avx2", "reference"}}},
       [](const Params& p) { return std::make_unique<Int4Quantizer>(p); });
