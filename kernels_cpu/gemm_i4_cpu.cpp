@@ -6,7 +6,8 @@
 // costs one maddubs (unsigned nibble × signed int8) per weight row. The zero point is folded out of
 // the inner loop:  Σ x·(q − z)·s  =  s·(Σ x·q − z·Σ x)  per group, with Σ x taken from the
 // quantized activations so that the result is exactly the dot of the two dequantized vectors.
-// Four weight rows share every activation load.
+// A tile of four weight rows shares every activation load, and decode runs two tiles per pass over
+// weights packed in 8-row bands (prepare_weight_i4): one sequential stream, at memory speed.
 #include <immintrin.h>
 #include <omp.h>
 
