@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -206,20 +207,34 @@ class Int4Quantizer final : public Quantizer {
     float* zeros = asym ? scales + w.rows * groups : nullptr;
     uint8_t* packed = host.data() + scale_bytes * (asym ? 2 : 1);
 
+    // Rows are independent (and the asymmetric search is slow: ~16 s for a 110m model on one core),
+    // so they are shared across the OpenMP team; each row's result does not depend on the thread.
     const size_t in_row = dtype_row_bytes(w.dtype, w.cols);
-    std::vector<float> row(size_t(w.cols));
-    std::vector<uint8_t> q(size_t(w.cols));
-    for (int64_t r = 0; r < w.rows; ++r) {
-      dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, row.data(), w.cols);
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        float zero = 0;
-        const int64_t at = gi * c.group_size;
-        scales[r * groups + gi] = quantize_group(row.data() + at, c.group_size, c.scheme, q.data() + at, &zero);
-        if (asym) zeros[r * groups + gi] = zero;
+    std::exception_ptr failure;
+#pragma omp parallel
+    {
+      std::vector<float> row(size_t(w.cols));
+      std::vector<uint8_t> q(size_t(w.cols));
+#pragma omp for schedule(dynamic, 16)
+      for (int64_t r = 0; r < w.rows; ++r) {
+        try {
+          dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + size_t(r) * in_row, row.data(), w.cols);
+        } catch (...) {  // an exception must not leave the parallel region
+#pragma omp critical
+          failure = std::current_exception();
+          continue;
+        }
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          float zero = 0;
+          const int64_t at = gi * c.group_size;
+          scales[r * groups + gi] = quantize_group(row.data() + at, c.group_size, c.scheme, q.data() + at, &zero);
+          if (asym) zeros[r * groups + gi] = zero;
+        }
+        uint8_t* out = packed + size_t(r) * size_t(w.cols / 2);
+        for (int64_t i = 0; i < w.cols / 2; ++i) out[i] = uint8_t(q[size_t(2 * i)] | (q[size_t(2 * i + 1)] << 4));
       }
-      uint8_t* out = packed + size_t(r) * size_t(w.cols / 2);
-      for (int64_t i = 0; i < w.cols / 2; ++i) out[i] = uint8_t(q[size_t(2 * i)] | (q[size_t(2 * i + 1)] << 4));
     }
+    if (failure) std::rethrow_exception(failure);
 
     DeviceBuffer buf(backend, host.size());
     buf.upload(host.data(), host.size());
