@@ -11,11 +11,16 @@ namespace tessera::cpu {
 
 namespace {
 
-void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt) {
-  for (int64_t j = 0; j < (n + 7) / 8 * 8; ++j) {
+// Keys [from, round_up(n, 8)) into their chunks, zeros past n.
+void transpose_keys_from(const float* const* rows, int64_t from, int64_t n, int64_t hd, float* kt) {
+  for (int64_t j = from; j < (n + 7) / 8 * 8; ++j) {
     float* col = kt + j / 8 * 8 * hd + j % 8;
     for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? rows[j][d] : 0.0f;
   }
+}
+
+void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt) {
+  transpose_keys_from(rows, 0, n, hd, kt);
 }
 
 // The two generic score loops must round alike: never inlined into the AVX2 functions, where the
@@ -67,7 +72,6 @@ __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-
 __attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const* rows, int64_t n, int64_t hd,
                                                              float* kt) {
   int64_t j = 0;
@@ -94,10 +98,7 @@ __attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const*
       }
     }
   }
-  for (; j < (n + 7) / 8 * 8; ++j) {
-    float* col = kt + j / 8 * 8 * hd + j % 8;
-    for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? rows[j][d] : 0.0f;
-  }
+  transpose_keys_from(rows, j, n, hd, kt);
 }
 
 __attribute__((target("avx2,fma"))) float max256(__m256 v) {
