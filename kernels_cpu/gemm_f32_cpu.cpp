@@ -89,18 +89,19 @@ int64_t pass_length(int64_t m, int64_t k) {
   return (k + passes - 1) / passes;
 }
 
-// x[i0 .. i0+mr)[p0 .. p0+kc) -> xp block [kc][mr], blocks one after another.
-void pack_pass(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, std::vector<float>& xp) {
-  xp.resize(size_t(((m + kMr - 1) / kMr) * kMr * kc));
-  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-    const int64_t mr = std::min(kMr, m - i0);
-    float* dst = xp.data() + i0 * kc;
-    for (int64_t r = 0; r < mr; ++r) {
-      const float* src = x + (i0 + r) * k + p0;
-      for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
-    }
+// Row block i0 / kMr of x, columns [p0, p0 + kc) -> xp + i0 * kc as [kc][mr] (blocks one after
+// another).
+void pack_block(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, int64_t block, float* xp) {
+  const int64_t i0 = block * kMr;
+  const int64_t mr = std::min(kMr, m - i0);
+  float* dst = xp + i0 * kc;
+  for (int64_t r = 0; r < mr; ++r) {
+    const float* src = x + (i0 + r) * k + p0;
+    for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
   }
 }
+
+int64_t row_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
 // Panel q against all m rows of packed x, for the pass [p0, p0 + kc).
 void panel_pass(const float* xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0, int64_t kc) {
@@ -127,7 +128,8 @@ void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_
   }
   for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
     const int64_t kc = std::min(kc_max, k - p0);
-    pack_pass(x, m, k, p0, kc, xp);
+    xp.resize(size_t(row_blocks(m) * kMr * kc));
+    for (int64_t b = 0; b < row_blocks(m); ++b) pack_block(x, m, k, p0, kc, b, xp.data());
     for (int64_t q = q0; q < q1; ++q) panel_pass(xp.data(), m, w, y, q, p0, kc);
   }
 }
@@ -161,19 +163,21 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
     return panels * kPanel;
   }
   if (m > 1) {
-    // A batch: panels are handed out a few at a time, so that a thread slowed by a neighbour on
-    // its core does not hold the other at the end; the barrier after each pass over k orders the
-    // passes' accumulations into y.
+    // A batch: the team packs each pass of x once, together, then takes panels a few at a time,
+    // so that a thread slowed by a neighbour on its core does not hold the other at the end. The
+    // loops' barriers keep a pass's packing before its panels and the passes' accumulations into y
+    // in order.
     const int64_t kc_max = pass_length(m, k);
+    thread_local std::vector<float> xp_buf;  // the calling thread's, shared by the team
+    xp_buf.resize(size_t(row_blocks(m) * kMr * kc_max));
+    float* xp = xp_buf.data();
 #pragma omp parallel
-    {
-      thread_local std::vector<float> xp;
-      for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
-        const int64_t kc = std::min(kc_max, k - p0);
-        pack_pass(x, m, k, p0, kc, xp);
+    for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
+      const int64_t kc = std::min(kc_max, k - p0);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < row_blocks(m); ++b) pack_block(x, m, k, p0, kc, b, xp);
 #pragma omp for schedule(dynamic, 2)
-        for (int64_t q = 0; q < panels; ++q) panel_pass(xp.data(), m, w, y, q, p0, kc);
-      }
+      for (int64_t q = 0; q < panels; ++q) panel_pass(xp, m, w, y, q, p0, kc);
     }
     return panels * kPanel;
   }
