@@ -84,6 +84,18 @@ __attribute__((target("avx2,fma"))) inline float hsum4(__m128 s) {
   return _mm_cvtss_f32(s);
 }
 
+// A tile kernel's accumulators ([row pair][x row], lanes 0-3 row 2p, lanes 4-7 row 2p+1) to one
+// sum per (row, x row).
+template <int kX>
+__attribute__((target("avx2,fma"))) inline void store_pair_sums(const __m256 (&acc)[2][kX], float (*out)[2]) {
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < kX; ++i) {
+      out[2 * p][i] = hsum4(_mm256_castps256_ps128(acc[p][i]));
+      out[2 * p + 1][i] = hsum4(_mm256_extractf128_ps(acc[p][i], 1));
+    }
+  }
+}
+
 // The four rows' fp16 block scales (blocks at b[0..3]) as four floats: one conversion per tile step.
 __attribute__((target("avx2,fma,f16c"))) inline __m128 scales4(const uint8_t* const* b) {
   const uint64_t h = uint64_t(load_u16(b[0])) | uint64_t(load_u16(b[1])) << 16 | uint64_t(load_u16(b[2])) << 32 |

@@ -80,12 +80,7 @@ struct Q8 {
         }
       }
     }
-    for (int p = 0; p < 2; ++p) {
-      for (int i = 0; i < kX; ++i) {
-        out[2 * p][i] = hsum4(_mm256_castps256_ps128(acc[p][i]));
-        out[2 * p + 1][i] = hsum4(_mm256_extractf128_ps(acc[p][i], 1));
-      }
-    }
+    store_pair_sums<kX>(acc, out);
   }
 
   // The tile as tile<kX, BlockSource::buffer> reads it.
