@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessera/device_buffer.h"
+#include "tessera/host_arena.h"
 #include "tessera/machine_probe.h"
 #include "tessera/quantize_blocks.h"
 #include "bench_registry.h"
@@ -131,13 +132,17 @@ BENCHMARK(BM_GemvStream)->DenseRange(0, 5)->Unit(benchmark::kMillisecond)->UseRe
 // `tessera bench` times for its conditions block).
 void BM_MemoryReadBandwidth(benchmark::State& state) {
   const size_t bytes = size_t(512) << 20;
-  auto* buf = static_cast<float*>(std::aligned_alloc(64, bytes));
+  auto* buf = static_cast<float*>(map_huge_pages(bytes));  // as the CPU backend's weights
+  if (buf == nullptr) {
+    state.SkipWithError("cannot map 512 MiB for the bandwidth probe");
+    return;
+  }
   std::memset(buf, 1, bytes);
   double sink = 0;
   for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4);
   benchmark::DoNotOptimize(sink);
   state.counters["GB"] = benchmark::Counter(double(bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
-  std::free(buf);
+  unmap_huge_pages(buf, bytes);
 }
 BENCHMARK(BM_MemoryReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
 

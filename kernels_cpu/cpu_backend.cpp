@@ -10,6 +10,7 @@
 
 #include "kernels_cpu.h"
 #include "tessera/error.h"
+#include "tessera/host_arena.h"
 #include "tessera/plugin.h"
 
 namespace tessera::cpu {
@@ -63,12 +64,11 @@ class CpuBackend final : public Backend {
   void set_threads(int threads) override { omp_set_num_threads(threads); }
 
   void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    void* p = arena_.allocate(bytes);
     if (p == nullptr) throw Error("cpu backend: out of memory allocating " + std::to_string(bytes) + " bytes");
     return p;
   }
-  void deallocate(void* ptr) noexcept override { std::free(ptr); }
+  void deallocate(void* ptr) noexcept override { arena_.deallocate(ptr); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_on_device(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
@@ -102,6 +102,9 @@ class CpuBackend final : public Backend {
   void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
     cpu::argmax(logits, rows, cols, out);
   }
+
+ private:
+  HostArena arena_;
 };
 
 void register_cpu(Registrar& r) {

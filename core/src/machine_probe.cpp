@@ -1,5 +1,6 @@
 #include "tessera/machine_probe.h"
 
+
 #include <immintrin.h>
 #include <omp.h>
 
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "tessera/error.h"
+#include "tessera/host_arena.h"
 
 namespace tessera {
 
@@ -107,7 +109,10 @@ double fma_peak_pass(int64_t iters, int* threads_out) {
 
 ProbeResult measure_read_bandwidth(double seconds, size_t bytes) {
   bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
-  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(64, bytes)), &std::free);
+  // Huge pages, as the CPU backend's weights and caches use (host_arena.h): on small pages the
+  // probe would measure the TLB, not the memory.
+  auto unmap = [bytes](float* p) { unmap_huge_pages(p, bytes); };
+  std::unique_ptr<float, decltype(unmap)> buf(static_cast<float*>(map_huge_pages(bytes)), unmap);
   if (!buf) throw Error("machine probe: cannot allocate " + std::to_string(bytes >> 20) + " MiB for the bandwidth test");
   std::memset(buf.get(), 1, bytes);  // touch every page before timing
   const size_t n = bytes / 4;
