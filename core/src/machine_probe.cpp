@@ -1,6 +1,5 @@
 #include "tessera/machine_probe.h"
 
-
 #include <immintrin.h>
 #include <omp.h>
 
@@ -109,8 +108,8 @@ double fma_peak_pass(int64_t iters, int* threads_out) {
 
 ProbeResult measure_read_bandwidth(double seconds, size_t bytes) {
   bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
-  // Huge pages, as the CPU backend's weights and caches use (host_arena.h): on small pages the
-  // probe would measure the TLB, not the memory.
+  // On huge pages, as the CPU backend's weights are (host_arena.h), so that the probe reads memory
+  // the way the GEMVs it is compared with do.
   auto unmap = [bytes](float* p) { unmap_huge_pages(p, bytes); };
   std::unique_ptr<float, decltype(unmap)> buf(static_cast<float*>(map_huge_pages(bytes)), unmap);
   if (!buf) throw Error("machine probe: cannot allocate " + std::to_string(bytes >> 20) + " MiB for the bandwidth test");
