@@ -24,6 +24,8 @@ namespace tessera::cpu {
 
 inline constexpr int64_t kQBlock = 32;                 // elements per weight and activation block
 inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
+inline constexpr int32_t kBlockBandsPacked = 1 << 9;   // kernel_variant flag: Q4_0 8-row bands first
+inline constexpr int64_t kRowsPerBand = 8;
 inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream
 
 // x quantized per block of 32: q [m][k] int8, d [m][k/32] block scales.
@@ -42,11 +44,17 @@ struct BlockActivations {
 using BlockTileFn = void (*)(const uint8_t* const* w, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
                              int64_t ldy, int64_t rows);
 
+// Eight weight rows stored as a band (a format's own layout, see prepare_weight_blocks) against x
+// rows [i0, i1): y[i * ldy + r] for r < 8, the same sums as BlockTileFn gives for its two tiles.
+using BlockBandFn = void (*)(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                             int64_t ldy);
+
 struct BlockKernels {
   const char* name;    // the dtype, for error messages
   size_t block_bytes;  // bytes of one weight block
   BlockTileFn avx2[2]; // [packed]
   BlockTileFn scalar;  // row-major
+  BlockBandFn band;    // AVX2 on bands, or null where the format keeps tiles only
 };
 
 // From this many x rows a tile's blocks are first unpacked into a small per-thread buffer (int8
@@ -137,29 +145,38 @@ __attribute__((target("avx2,fma"))) inline __m256 pair_scale(__m256 sc, __m256 d
   }
 }
 
-// BlockTileFn for a format: Format::tile<kX, BlockSource> (out[r][i] for the tile's four rows and
-// kX x rows) and Format::unpack<kPacked> (the tile into the buffer, Format::kBufferBlockBytes and
+// The per-thread buffer a tile is unpacked into (Format::kBufferBlockBytes and
 // kBufferScalesPerBlock floats per block).
-template <class Format, bool kPacked>
-void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
-                   int64_t ldy, int64_t rows) {
-  constexpr BlockSource kInPlace = kPacked ? BlockSource::packed : BlockSource::rows;
+struct TileBuffer {
+  std::vector<uint8_t> q;
+  std::vector<float> d;
+};
+
+template <class Format>
+TileBuffer& tile_buffer(int64_t blocks) {
+  thread_local TileBuffer buf;
+  buf.q.resize(size_t(blocks * Format::kBufferBlockBytes));
+  buf.d.resize(size_t(blocks * kBufferScalesPerBlock));
+  return buf;
+}
+
+// BlockTileFn for a format: Format::tile<kX, BlockSource> (out[r][i] for the tile's four rows and
+// kX x rows) and Format::unpack<kPacked> (the tile into the buffer). `buf` null: blocks read in
+// place from wr; otherwise the tile as unpacked there.
+template <class Format, BlockSource kInPlace>
+void run_tile_rows(const uint8_t* const* wr, const TileBuffer* buf, const BlockActivations& x, int64_t i0, int64_t i1,
+                   float* y, int64_t ldy, int64_t rows) {
   const int64_t blocks = x.k / kQBlock;
-  const bool buffered = i1 - i0 >= kBlockBufferRows;
-  thread_local std::vector<uint8_t> buf;
-  thread_local std::vector<float> bufd;
-  if (buffered) {
-    buf.resize(size_t(blocks * Format::kBufferBlockBytes));
-    bufd.resize(size_t(blocks * kBufferScalesPerBlock));
-    Format::template unpack<kPacked>(wr, blocks, buf.data(), bufd.data());
-  }
+  const bool buffered = buf != nullptr;
+  const uint8_t* bq = buffered ? buf->q.data() : nullptr;
+  const float* bd = buffered ? buf->d.data() : nullptr;
   float out[4][2];
   int64_t i = i0;
   for (; i + 2 <= i1; i += 2) {
     const int8_t* xr[2] = {x.q + i * x.k, x.q + (i + 1) * x.k};
     const float* dr[2] = {x.d + i * blocks, x.d + (i + 1) * blocks};
     if (buffered) {
-      Format::template tile<2, BlockSource::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+      Format::template tile<2, BlockSource::buffer>(wr, bq, bd, xr, dr, blocks, out);
     } else {
       Format::template tile<2, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
     }
@@ -169,12 +186,22 @@ void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t 
     const int8_t* xr[1] = {x.q + i * x.k};
     const float* dr[1] = {x.d + i * blocks};
     if (buffered) {
-      Format::template tile<1, BlockSource::buffer>(wr, buf.data(), bufd.data(), xr, dr, blocks, out);
+      Format::template tile<1, BlockSource::buffer>(wr, bq, bd, xr, dr, blocks, out);
     } else {
       Format::template tile<1, kInPlace>(wr, nullptr, nullptr, xr, dr, blocks, out);
     }
     store_tile(out, 1, y + (i - i0) * ldy, ldy, rows);
   }
+}
+
+template <class Format, bool kPacked>
+void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
+                   int64_t ldy, int64_t rows) {
+  constexpr BlockSource kInPlace = kPacked ? BlockSource::packed : BlockSource::rows;
+  if (i1 - i0 < kBlockBufferRows) return run_tile_rows<Format, kInPlace>(wr, nullptr, x, i0, i1, y, ldy, rows);
+  TileBuffer& buf = tile_buffer<Format>(x.k / kQBlock);
+  Format::template unpack<kPacked>(wr, x.k / kQBlock, buf.q.data(), buf.d.data());
+  run_tile_rows<Format, kInPlace>(wr, &buf, x, i0, i1, y, ldy, rows);
 }
 
 // y[m][n] = x[m][k] · W[n][k]ᵀ with the given block kernels. m = 0 only validates the view.

@@ -124,7 +124,7 @@ void run_tile_scalar(const uint8_t* const* wr, const BlockActivations& x, int64_
 }
 
 const BlockKernels kKernels = {
-    "q8_0", Q8::kBlockBytes, {run_tile_avx2<Q8, false>, run_tile_avx2<Q8, true>}, run_tile_scalar};
+    "q8_0", Q8::kBlockBytes, {run_tile_avx2<Q8, false>, run_tile_avx2<Q8, true>}, run_tile_scalar, nullptr};
 
 }  // namespace
 

@@ -49,8 +49,10 @@ bool is_linear(const GgufTensor& t) {
 
 // The CPU backend's prepare_weight interleaves the blocks of each whole 4-row tile (row 0 block 0,
 // row 1 block 0, ..., row 3 block 0, row 0 block 1, ...) and marks the view with this kernel_variant
-// flag (kernels_cpu/gemm_blocks_cpu.h); a last partial tile stays row-major.
+// flag (kernels_cpu/gemm_blocks_cpu.h); a last partial tile stays row-major. Q4_0 first stores its
+// whole 8-row bands with each block's eight scales together, then the eight rows' quants.
 constexpr int32_t kCpuPackedTiles = 1 << 8;
+constexpr int32_t kCpuPackedBands = 1 << 9;
 constexpr int32_t kCpuScalarVariant = 2;
 
 bool cpu_packs_blocks() {
@@ -58,15 +60,20 @@ bool cpu_packs_blocks() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-// Where block b of row r lies in the bytes a view holds.
-size_t held_block_offset(const WeightView& v, int64_t r, int64_t b) {
+// Where the fp16 scale (first) and the quants (second) of block b of row r lie in the bytes a view
+// holds.
+std::pair<size_t, size_t> held_block_offsets(const WeightView& v, int64_t r, int64_t b) {
   const size_t bb = dtype_block_bytes(v.dtype);
   const size_t row = dtype_row_bytes(v.dtype, v.cols);
-  const int64_t tile = r / 4 * 4;
-  if ((v.kernel_variant & kCpuPackedTiles) != 0 && tile + 4 <= v.rows) {
-    return size_t(tile) * row + size_t(b * 4 + (r - tile)) * bb;
+  if ((v.kernel_variant & kCpuPackedBands) != 0 && r < v.rows / 8 * 8) {
+    const int64_t band = r / 8 * 8;
+    const size_t block = size_t(band) * row + size_t(b * 8) * bb;
+    return {block + size_t(r - band) * 2, block + 16 + size_t(r - band) * (bb - 2)};
   }
-  return size_t(r) * row + size_t(b) * bb;
+  const int64_t tile = r / 4 * 4;
+  size_t at = size_t(r) * row + size_t(b) * bb;
+  if ((v.kernel_variant & kCpuPackedTiles) != 0 && tile + 4 <= v.rows) at = size_t(tile) * row + size_t(b * 4 + (r - tile)) * bb;
+  return {at, at + 2};
 }
 
 // Every block of the source is held unchanged (scale and quants), at its place in the layout.
@@ -81,8 +88,10 @@ void expect_blocks_as_stored(Backend& b, const Linear& l, const uint8_t* file, s
   const int64_t blocks = int64_t(row / bb);
   for (int64_t r = 0; r < v.rows; ++r) {
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      ASSERT_EQ(std::memcmp(held.data() + held_block_offset(v, r, blk), file + size_t(r) * row + size_t(blk) * bb, bb), 0)
-          << "row " << r << " block " << blk;
+      const uint8_t* want = file + size_t(r) * row + size_t(blk) * bb;
+      const auto [scale, quants] = held_block_offsets(v, r, blk);
+      ASSERT_EQ(std::memcmp(held.data() + scale, want, 2), 0) << "scale of row " << r << " block " << blk;
+      ASSERT_EQ(std::memcmp(held.data() + quants, want + 2, bb - 2), 0) << "quants of row " << r << " block " << blk;
     }
   }
 }
@@ -120,6 +129,18 @@ TEST(Gguf, PartialTilesStayRowMajor) {
     auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", t, bytes.data(), n, k});
     expect_blocks_as_stored(*cpu_backend(), *l, bytes.data(), bytes.size());
   }
+}
+
+TEST(Gguf, Q4BandsHoldEveryScaleAndQuantAsStored) {
+  // 15 rows: one band of 8, one packed tile of 4, then three rows as the file has them.
+  const int64_t n = 15, k = 96;
+  const auto w = test::random_floats(size_t(n * k), 6);
+  const size_t row = dtype_row_bytes(DType::Q4_0, k);
+  std::vector<uint8_t> bytes(row * size_t(n));
+  for (int64_t r = 0; r < n; ++r) quantize_row(DType::Q4_0, w.data() + r * k, bytes.data() + size_t(r) * row, k);
+  auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", DType::Q4_0, bytes.data(), n, k});
+  if (cpu_packs_blocks()) EXPECT_NE(l->view().kernel_variant & kCpuPackedBands, 0);
+  expect_blocks_as_stored(*cpu_backend(), *l, bytes.data(), bytes.size());
 }
 
 TEST(Gguf, ModelHoldsTheFileTensorsAsStored) {
