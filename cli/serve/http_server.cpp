@@ -227,7 +227,9 @@ void HttpServer::routes() {
     std::cerr << "error: " << req.method << " " << req.path << ": " << what << "\n";
     send_error(res, ApiError(500, "internal error: " + what, "", "internal_error"));
   });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (the logger runs after it, when a client may already
+  // have read /metrics without this request in it).
+  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics_.count_http(route_label(req.path), res.status);
   });
 }
