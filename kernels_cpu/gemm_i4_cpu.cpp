@@ -202,41 +202,47 @@ __attribute__((target("avx2,fma"))) void tile_row(const int8_t* xr, const float*
                                                   int64_t rows, float* y) {
   static_assert(!kReuse || kTiles == 1, "a reused unpacked tile is one tile");
   const int64_t groups = k / g;
+  const int64_t blocks = k / kBlock;
+  // One flat loop over blocks, the group's scales loaded with each block: a loop over groups around
+  // one over blocks cost as many instructions as the block's arithmetic at g = 32.
   const int64_t blocks_per_group = g / kBlock;
   const __m256i sel01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i sel23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 a01[kTiles], a23[kTiles];
   for (int t = 0; t < kTiles; ++t) a01[t] = a23[t] = _mm256_setzero_ps();
-  for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
+  for (int64_t b = 0, gi = 0, in_group = 0; b < blocks; ++b) {
+    if (in_group == blocks_per_group) {
+      in_group = 0;
+      ++gi;
+    }
+    ++in_group;
     __m256 s[kTiles];
     for (int t = 0; t < kTiles; ++t) {
       const __m128 s4 = tl[t].scales(gi);
       s[t] = _mm256_set_m128(s4, s4);
     }
-    for (const int64_t end = b + blocks_per_group; b < end; ++b) {
-      const __m256i xe = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock)));
-      const __m256i xo =
-          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock + 16)));
-      const __m256 dx = _mm256_set1_ps(xd[b]);
+    const __m256i xe = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock)));
+    const __m256i xo =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock + 16)));
+    const __m256 dx = _mm256_set1_ps(xd[b]);
 #pragma GCC unroll 2
-      for (int t = 0; t < kTiles; ++t) {
-        Nibbles n01, n23;
-        if constexpr (kReuse) {
-          const auto* v = reinterpret_cast<const __m256i*>(nib) + 4 * b;
-          n01 = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
-          n23 = {_mm256_loadu_si256(v + 2), _mm256_loadu_si256(v + 3)};
-        } else {
-          if constexpr (kPacked) {
-            _mm_prefetch(reinterpret_cast<const char*>(tl[t].w[0] + b * (tl[t].band * kBlock / 2)) + kPrefetchBytes,
-                         _MM_HINT_T0);
-          }
-          n01 = split(tl[t].pair(b, 0));
-          n23 = split(tl[t].pair(b, 1));
+    for (int t = 0; t < kTiles; ++t) {
+      Nibbles n01, n23;
+      if constexpr (kReuse) {
+        const auto* v = reinterpret_cast<const __m256i*>(nib) + 4 * b;
+        n01 = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+        n23 = {_mm256_loadu_si256(v + 2), _mm256_loadu_si256(v + 3)};
+      } else {
+        if constexpr (kPacked) {
+          _mm_prefetch(reinterpret_cast<const char*>(tl[t].w[0] + b * (tl[t].band * kBlock / 2)) + kPrefetchBytes,
+                       _MM_HINT_T0);
         }
-        const __m256 sd = _mm256_mul_ps(s[t], dx);  // [s_r·dx] in both lanes
-        a01[t] = _mm256_fmadd_ps(pair_dot(n01, xe, xo), _mm256_permutevar_ps(sd, sel01), a01[t]);
-        a23[t] = _mm256_fmadd_ps(pair_dot(n23, xe, xo), _mm256_permutevar_ps(sd, sel23), a23[t]);
+        n01 = split(tl[t].pair(b, 0));
+        n23 = split(tl[t].pair(b, 1));
       }
+      const __m256 sd = _mm256_mul_ps(s[t], dx);  // [s_r·dx] in both lanes
+      a01[t] = _mm256_fmadd_ps(pair_dot(n01, xe, xo), _mm256_permutevar_ps(sd, sel01), a01[t]);
+      a23[t] = _mm256_fmadd_ps(pair_dot(n23, xe, xo), _mm256_permutevar_ps(sd, sel23), a23[t]);
     }
   }
   for (int t = 0; t < kTiles; ++t) {
