@@ -9,12 +9,12 @@
 // scale and quants together); only their order changes. There is no float copy. A last tile of
 // fewer than four rows stays row-major.
 //
-// Q4_0 goes one step further (flag kBlockBandsPacked): its whole 8-row bands come first, each block
-// of a band holding the eight rows' fp16 scales and then their 16 bytes of quants, so a block's 8
-// scales convert in one instruction and each row pair is one 32-byte load; decode of 4-row tiles
-// spent as much on gathering scales and halves as on the dot products. Still the file's bytes,
-// each scale and each row's quants unchanged; after the bands come a tile (if 4 rows remain) and
-// the rows left, as above.
+// Before those tiles come whole 8-row bands (flag kBlockBandsPacked): each block of a band holds
+// the eight rows' fp16 scales, then each row pair's quants, 16 bytes of one row beside the same 16
+// of the other (gemm_blocks_cpu.h), so a block's 8 scales convert in one instruction and each
+// register of a row pair is one load; decode of 4-row tiles spent as much on gathering scales and
+// halves as on the dot products. Still the file's bytes, each scale and each row's quants
+// unchanged; after the bands come a tile (if 4 rows remain) and the rows left, as above.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -140,23 +140,26 @@ void prepare_weight_blocks(WeightView& w) {
   auto* data = static_cast<uint8_t*>(const_cast<void*>(w.data));
   std::vector<uint8_t> rows(kRowsPerBand * row_bytes);
   int64_t j = 0;
-  if (w.dtype == DType::Q4_0) {
-    // Q4_0 bands: per block, the eight rows' fp16 scales, then their 16 bytes of quants.
-    constexpr size_t kScale = 2, kQuants = 16;
-    for (; j + kRowsPerBand <= w.rows; j += kRowsPerBand) {
-      uint8_t* band = data + size_t(j) * row_bytes;
-      std::memcpy(rows.data(), band, rows.size());
-      for (size_t b = 0; b < blocks; ++b) {
-        uint8_t* dst = band + b * kRowsPerBand * bb;
-        for (size_t r = 0; r < size_t(kRowsPerBand); ++r) {
-          const uint8_t* src = rows.data() + r * row_bytes + b * bb;
-          std::memcpy(dst + r * kScale, src, kScale);
-          std::memcpy(dst + kRowsPerBand * kScale + r * kQuants, src + kScale, kQuants);
+  // Bands (gemm_blocks_cpu.h): per block, the eight rows' fp16 scales, then per row pair and per
+  // 16 bytes of quants, the two rows' chunks side by side.
+  constexpr size_t kScale = 2, kChunk = 16;
+  const size_t quants = bb - kScale;
+  for (; j + kRowsPerBand <= w.rows; j += kRowsPerBand) {
+    uint8_t* band = data + size_t(j) * row_bytes;
+    std::memcpy(rows.data(), band, rows.size());
+    for (size_t b = 0; b < blocks; ++b) {
+      uint8_t* dst = band + b * kRowsPerBand * bb;
+      for (size_t r = 0; r < size_t(kRowsPerBand); ++r) {
+        const uint8_t* src = rows.data() + r * row_bytes + b * bb;
+        std::memcpy(dst + r * kScale, src, kScale);
+        for (size_t c = 0; c < quants / kChunk; ++c) {
+          std::memcpy(dst + kBandScaleBytes + r / 2 * 2 * quants + c * 2 * kChunk + r % 2 * kChunk,
+                      src + kScale + c * kChunk, kChunk);
         }
       }
     }
-    if (j > 0) w.kernel_variant |= kBlockBandsPacked;
   }
+  if (j > 0) w.kernel_variant |= kBlockBandsPacked;
   for (; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
     uint8_t* tile = data + size_t(j) * row_bytes;
     std::memcpy(rows.data(), tile, rows.size());

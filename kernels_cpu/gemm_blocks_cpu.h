@@ -24,7 +24,7 @@ namespace tessera::cpu {
 
 inline constexpr int64_t kQBlock = 32;                 // elements per weight and activation block
 inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
-inline constexpr int32_t kBlockBandsPacked = 1 << 9;   // kernel_variant flag: Q4_0 8-row bands first
+inline constexpr int32_t kBlockBandsPacked = 1 << 9;   // kernel_variant flag: 8-row bands first
 inline constexpr int64_t kRowsPerBand = 8;
 inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream
 
@@ -54,7 +54,7 @@ struct BlockKernels {
   size_t block_bytes;  // bytes of one weight block
   BlockTileFn avx2[2]; // [packed]
   BlockTileFn scalar;  // row-major
-  BlockBandFn band;    // AVX2 on bands, or null where the format keeps tiles only
+  BlockBandFn band;    // AVX2 on bands
 };
 
 // From this many x rows a tile's blocks are first unpacked into a small per-thread buffer (int8
@@ -206,6 +206,50 @@ void run_tile_avx2(const uint8_t* const* wr, const BlockActivations& x, int64_t 
 
 // y[m][n] = x[m][k] · W[n][k]ᵀ with the given block kernels. m = 0 only validates the view.
 void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kernels);
+
+// ---- bands ------------------------------------------------------------------------------------
+// A band of eight rows (prepare_weight_blocks): per block, the rows' eight fp16 scales (16 bytes),
+// then per row pair p (rows 2p, 2p+1) and per 16 bytes c of a row's quants: row 2p's chunk c and
+// row 2p+1's chunk c, so each chunk of a pair is one 32-byte load, as tile() holds it in a register.
+inline constexpr int64_t kBandScaleBytes = 2 * kRowsPerBand;
+
+// A packed stream's prefetch, `bytes` (one band block) ahead by kBlockPrefetchBytes.
+inline void prefetch_band_block(const uint8_t* blk, int64_t bytes) {
+  const char* next = reinterpret_cast<const char*>(blk) + kBlockPrefetchBytes;
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+}
+
+// Lanes of row pair p's scales out of a band's eight (lane r: row r): [2p x4 | 2p+1 x4].
+__attribute__((target("avx2,fma"))) inline __m256i band_pair_lanes(int p) {
+  return _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+}
+
+// Tile `half`'s four fp16 scales of a band block, as scales4 gives a tile's.
+__attribute__((target("avx2,fma,f16c"))) inline __m128 band_half_scales(const uint8_t* blk, int half) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * half)));
+}
+
+// A band's accumulators (pair p: lanes 0-3 row 2p, 4-7 row 2p+1) to y[0..8), as store_pair_sums.
+__attribute__((target("avx2,fma"))) inline void store_band_sums(const __m256 (&acc)[4], float* y) {
+  for (int p = 0; p < 4; ++p) {
+    y[2 * p] = hsum4(_mm256_castps256_ps128(acc[p]));
+    y[2 * p + 1] = hsum4(_mm256_extractf128_ps(acc[p], 1));
+  }
+}
+
+// BlockBandFn for a format with Format::band_row (one x row against the band's eight rows) and
+// Format::unpack_band_half (tile `half` of the band into the buffer, as Format::unpack stores a
+// tile): the same sums as run_tile_avx2 on the band's two tiles, bit for bit.
+template <class Format>
+void run_band_avx2(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
+  const int64_t blocks = x.k / kQBlock;
+  if (i1 - i0 == 1) return Format::band_row(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y);
+  TileBuffer& buf = tile_buffer<Format>(blocks);
+  for (int half = 0; half < 2; ++half) {
+    Format::unpack_band_half(band, half, blocks, buf);
+    run_tile_rows<Format, BlockSource::packed>(nullptr, &buf, x, i0, i1, y + 4 * half, ldy, 4);
+  }
+}
 
 // Whether the AVX2 block kernels can run (AVX2, FMA and F16C for the fp16 block scales).
 bool has_avx2_f16c();

@@ -83,6 +83,53 @@ struct Q4 {
     store_pair_sums<kX>(acc, out);
   }
 
+  // One x row against a band (gemm_blocks_cpu.h): y[0..8). A block's eight scales convert at once
+  // and each row pair is one 32-byte load.
+  __attribute__((target("avx2,fma,f16c"))) static void band_row(const uint8_t* band, const int8_t* xq,
+                                                                const float* xd, int64_t blocks, float* y) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i eights = _mm256_set1_epi8(8);
+    const __m256i low_mask = _mm256_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
+      prefetch_band_block(blk, kRowsPerBand * kBlockBytes);
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+      const int8_t* xb = xq + b * kQBlock;
+      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+      const __m256i x8 = _mm256_add_epi16(_mm256_maddubs_epi16(eights, xlo), _mm256_maddubs_epi16(eights, xhi));
+      const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));  // lane r: d_w[r]·d_x
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 32 * p));
+        const __m256i lo = _mm256_and_si256(q, low_mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
+        const __m256i pairs =
+            _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), x8);
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+        acc[p] = _mm256_fmadd_ps(d, _mm256_permutevar8x32_ps(sc, band_pair_lanes(p)), acc[p]);
+      }
+    }
+    store_band_sums(acc, y);
+  }
+
+  __attribute__((target("avx2,fma,f16c"))) static void unpack_band_half(const uint8_t* band, int half,
+                                                                        int64_t blocks, TileBuffer& buf) {
+    const __m256i low_mask = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
+      store_spread_scales(buf.d.data(), b, band_half_scales(blk, half));
+      for (int p = 0; p < 2; ++p) {
+        const auto* src = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 32 * (2 * half + p));
+        const __m256i q = _mm256_loadu_si256(src);
+        auto* dst = reinterpret_cast<__m256i*>(buf.q.data() + b * kBufferBlockBytes + p * 64);
+        _mm256_storeu_si256(dst, _mm256_and_si256(q, low_mask));
+        _mm256_storeu_si256(dst + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask));
+      }
+    }
+  }
+
   // The tile as tile<kX, BlockSource::buffer> reads it.
   template <bool kPacked>
   __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* const* wr, int64_t blocks, uint8_t* buf,
@@ -101,77 +148,6 @@ struct Q4 {
     }
   }
 };
-
-// A band of eight rows (prepare_weight_blocks): per block, the rows' eight fp16 scales (16 bytes)
-// and then their quants side by side (8 x 16 bytes), so decode reads one stream, converts the
-// eight scales at once and loads each row pair with one 32-byte load. The arithmetic is that of
-// Q4::tile for the band's two tiles, so the results are the same bits.
-constexpr int64_t kBandBlockBytes = kRowsPerBand * Q4::kBlockBytes;
-constexpr int64_t kBandQuants = 2 * kRowsPerBand;  // offset of the quants in a band block
-
-// One x row against a band: y[0..8).
-__attribute__((target("avx2,fma,f16c"))) void band_row(const uint8_t* band, const int8_t* xq, const float* xd,
-                                                       int64_t blocks, float* y) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i eights = _mm256_set1_epi8(8);
-  const __m256i low_mask = _mm256_set1_epi8(0x0f);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = band + b * kBandBlockBytes;
-    const char* ahead = reinterpret_cast<const char*>(blk) + kBlockPrefetchBytes;
-    _mm_prefetch(ahead, _MM_HINT_T0);
-    _mm_prefetch(ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(ahead + 128, _MM_HINT_T0);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    const int8_t* xb = xq + b * kQBlock;
-    const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
-    const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
-    const __m256i x8 = _mm256_add_epi16(_mm256_maddubs_epi16(eights, xlo), _mm256_maddubs_epi16(eights, xhi));
-    const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));  // lane r: d_w[r]·d_x
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kBandQuants + 32 * p));
-      const __m256i lo = _mm256_and_si256(q, low_mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
-      const __m256i pairs =
-          _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), x8);
-      const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-      const __m256i lanes = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
-      acc[p] = _mm256_fmadd_ps(d, _mm256_permutevar8x32_ps(sc, lanes), acc[p]);
-    }
-  }
-  for (int p = 0; p < 4; ++p) {
-    y[2 * p] = hsum4(_mm256_castps256_ps128(acc[p]));
-    y[2 * p + 1] = hsum4(_mm256_extractf128_ps(acc[p], 1));
-  }
-}
-
-// Tile `half` (rows 4·half..4·half+3) of a band into the buffer, as Q4::unpack stores a tile.
-__attribute__((target("avx2,fma,f16c"))) void unpack_band_half(const uint8_t* band, int half, int64_t blocks,
-                                                               TileBuffer& buf) {
-  const __m256i low_mask = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = band + b * kBandBlockBytes;
-    store_spread_scales(buf.d.data(), b,
-                        _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * half))));
-    for (int p = 0; p < 2; ++p) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kBandQuants + 32 * (2 * half + p)));
-      auto* dst = reinterpret_cast<__m256i*>(buf.q.data() + b * Q4::kBufferBlockBytes + p * 64);
-      _mm256_storeu_si256(dst, _mm256_and_si256(q, low_mask));
-      _mm256_storeu_si256(dst + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask));
-    }
-  }
-}
-
-void run_band(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
-  const int64_t blocks = x.k / kQBlock;
-  if (i1 - i0 == 1) return band_row(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y);
-  TileBuffer& buf = tile_buffer<Q4>(blocks);
-  for (int half = 0; half < 2; ++half) {
-    unpack_band_half(band, half, blocks, buf);
-    run_tile_rows<Q4, BlockSource::packed>(nullptr, &buf, x, i0, i1, y + 4 * half, ldy, 4);
-  }
-}
 
 // Portable code, row-major blocks: the same exact int dots, summed over blocks in another order.
 void run_tile_scalar(const uint8_t* const* wr, const BlockActivations& x, int64_t i0, int64_t i1, float* y,
@@ -196,7 +172,7 @@ void run_tile_scalar(const uint8_t* const* wr, const BlockActivations& x, int64_
 }
 
 const BlockKernels kKernels = {
-    "q4_0", Q4::kBlockBytes, {run_tile_avx2<Q4, false>, run_tile_avx2<Q4, true>}, run_tile_scalar, run_band};
+    "q4_0", Q4::kBlockBytes, {run_tile_avx2<Q4, false>, run_tile_avx2<Q4, true>}, run_tile_scalar, run_band_avx2<Q4>};
 
 }  // namespace
 

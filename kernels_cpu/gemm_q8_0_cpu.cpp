@@ -83,6 +83,49 @@ struct Q8 {
     store_pair_sums<kX>(acc, out);
   }
 
+  // One x row against a band (gemm_blocks_cpu.h): y[0..8). A block's eight scales convert at once
+  // and each half of a row pair is one 32-byte load, with no lane permutes.
+  __attribute__((target("avx2,fma,f16c"))) static void band_row(const uint8_t* band, const int8_t* xq,
+                                                                const float* xd, int64_t blocks, float* y) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
+      prefetch_band_block(blk, kRowsPerBand * kBlockBytes);
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+      const int8_t* xb = xq + b * kQBlock;
+      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+      const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));  // lane r: d_w[r]·d_x
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const auto* q = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 64 * p);
+        const __m256i lo = _mm256_loadu_si256(q), hi = _mm256_loadu_si256(q + 1);
+        const __m256i s = _mm256_add_epi32(dot32(_mm256_abs_epi8(lo), lo, xlo, ones),
+                                           dot32(_mm256_abs_epi8(hi), hi, xhi, ones));
+        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(sc, band_pair_lanes(p)), acc[p]);
+      }
+    }
+    store_band_sums(acc, y);
+  }
+
+  __attribute__((target("avx2,fma,f16c"))) static void unpack_band_half(const uint8_t* band, int half,
+                                                                        int64_t blocks, TileBuffer& buf) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
+      store_spread_scales(buf.d.data(), b, band_half_scales(blk, half));
+      for (int p = 0; p < 2; ++p) {
+        const auto* src = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 64 * (2 * half + p));
+        const __m256i lo = _mm256_loadu_si256(src), hi = _mm256_loadu_si256(src + 1);
+        auto* dst = reinterpret_cast<__m256i*>(buf.q.data() + b * kBufferBlockBytes + p * 128);
+        _mm256_storeu_si256(dst, lo);
+        _mm256_storeu_si256(dst + 1, hi);
+        _mm256_storeu_si256(dst + 2, _mm256_abs_epi8(lo));
+        _mm256_storeu_si256(dst + 3, _mm256_abs_epi8(hi));
+      }
+    }
+  }
+
   // The tile as tile<kX, BlockSource::buffer> reads it.
   template <bool kPacked>
   __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* const* wr, int64_t blocks, uint8_t* buf,
@@ -124,7 +167,7 @@ void run_tile_scalar(const uint8_t* const* wr, const BlockActivations& x, int64_
 }
 
 const BlockKernels kKernels = {
-    "q8_0", Q8::kBlockBytes, {run_tile_avx2<Q8, false>, run_tile_avx2<Q8, true>}, run_tile_scalar, nullptr};
+    "q8_0", Q8::kBlockBytes, {run_tile_avx2<Q8, false>, run_tile_avx2<Q8, true>}, run_tile_scalar, run_band_avx2<Q8>};
 
 }  // namespace
 

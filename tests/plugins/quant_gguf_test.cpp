@@ -47,10 +47,11 @@ bool is_linear(const GgufTensor& t) {
   return t.shape.size() == 2 && t.name != "token_embd.weight";
 }
 
-// The CPU backend's prepare_weight interleaves the blocks of each whole 4-row tile (row 0 block 0,
-// row 1 block 0, ..., row 3 block 0, row 0 block 1, ...) and marks the view with this kernel_variant
-// flag (kernels_cpu/gemm_blocks_cpu.h); a last partial tile stays row-major. Q4_0 first stores its
-// whole 8-row bands with each block's eight scales together, then the eight rows' quants.
+// The CPU backend's prepare_weight (kernels_cpu/gemm_blocks_cpu.h) first stores whole 8-row bands:
+// per block the eight rows' fp16 scales, then per row pair and per 16 bytes of quants the two
+// rows' chunks side by side. Then it interleaves the blocks of a whole 4-row tile (row 0 block 0,
+// row 1 block 0, ..., row 3 block 0, row 0 block 1, ...); a last partial tile stays row-major.
+// Each layout marks the view with a kernel_variant flag.
 constexpr int32_t kCpuPackedTiles = 1 << 8;
 constexpr int32_t kCpuPackedBands = 1 << 9;
 constexpr int32_t kCpuScalarVariant = 2;
@@ -60,20 +61,22 @@ bool cpu_packs_blocks() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-// Where the fp16 scale (first) and the quants (second) of block b of row r lie in the bytes a view
-// holds.
-std::pair<size_t, size_t> held_block_offsets(const WeightView& v, int64_t r, int64_t b) {
+// Where byte i of block b of row r lies in the bytes a view holds (i < 2: the fp16 scale).
+size_t held_byte(const WeightView& v, int64_t r, int64_t b, size_t i) {
   const size_t bb = dtype_block_bytes(v.dtype);
   const size_t row = dtype_row_bytes(v.dtype, v.cols);
   if ((v.kernel_variant & kCpuPackedBands) != 0 && r < v.rows / 8 * 8) {
-    const int64_t band = r / 8 * 8;
+    const int64_t band = r / 8 * 8, in = r - band;
     const size_t block = size_t(band) * row + size_t(b * 8) * bb;
-    return {block + size_t(r - band) * 2, block + 16 + size_t(r - band) * (bb - 2)};
+    if (i < 2) return block + size_t(in) * 2 + i;
+    const size_t q = i - 2, quants = bb - 2;
+    return block + 16 + size_t(in / 2) * 2 * quants + q / 16 * 32 + size_t(in % 2) * 16 + q % 16;
   }
   const int64_t tile = r / 4 * 4;
-  size_t at = size_t(r) * row + size_t(b) * bb;
-  if ((v.kernel_variant & kCpuPackedTiles) != 0 && tile + 4 <= v.rows) at = size_t(tile) * row + size_t(b * 4 + (r - tile)) * bb;
-  return {at, at + 2};
+  if ((v.kernel_variant & kCpuPackedTiles) != 0 && tile + 4 <= v.rows) {
+    return size_t(tile) * row + size_t(b * 4 + (r - tile)) * bb + i;
+  }
+  return size_t(r) * row + size_t(b) * bb + i;
 }
 
 // Every block of the source is held unchanged (scale and quants), at its place in the layout.
@@ -88,10 +91,10 @@ void expect_blocks_as_stored(Backend& b, const Linear& l, const uint8_t* file, s
   const int64_t blocks = int64_t(row / bb);
   for (int64_t r = 0; r < v.rows; ++r) {
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      const uint8_t* want = file + size_t(r) * row + size_t(blk) * bb;
-      const auto [scale, quants] = held_block_offsets(v, r, blk);
-      ASSERT_EQ(std::memcmp(held.data() + scale, want, 2), 0) << "scale of row " << r << " block " << blk;
-      ASSERT_EQ(std::memcmp(held.data() + quants, want + 2, bb - 2), 0) << "quants of row " << r << " block " << blk;
+      for (size_t i = 0; i < bb; ++i) {
+        ASSERT_EQ(held[held_byte(v, r, blk, i)], file[size_t(r) * row + size_t(blk) * bb + i])
+            << "row " << r << " block " << blk << " byte " << i;
+      }
     }
   }
 }
@@ -131,16 +134,19 @@ TEST(Gguf, PartialTilesStayRowMajor) {
   }
 }
 
-TEST(Gguf, Q4BandsHoldEveryScaleAndQuantAsStored) {
+TEST(Gguf, BandsHoldEveryScaleAndQuantAsStored) {
   // 15 rows: one band of 8, one packed tile of 4, then three rows as the file has them.
-  const int64_t n = 15, k = 96;
-  const auto w = test::random_floats(size_t(n * k), 6);
-  const size_t row = dtype_row_bytes(DType::Q4_0, k);
-  std::vector<uint8_t> bytes(row * size_t(n));
-  for (int64_t r = 0; r < n; ++r) quantize_row(DType::Q4_0, w.data() + r * k, bytes.data() + size_t(r) * row, k);
-  auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", DType::Q4_0, bytes.data(), n, k});
-  if (cpu_packs_blocks()) EXPECT_NE(l->view().kernel_variant & kCpuPackedBands, 0);
-  expect_blocks_as_stored(*cpu_backend(), *l, bytes.data(), bytes.size());
+  for (DType t : {DType::Q8_0, DType::Q4_0}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t n = 15, k = 96;
+    const auto w = test::random_floats(size_t(n * k), 6);
+    const size_t row = dtype_row_bytes(t, k);
+    std::vector<uint8_t> bytes(row * size_t(n));
+    for (int64_t r = 0; r < n; ++r) quantize_row(t, w.data() + r * k, bytes.data() + size_t(r) * row, k);
+    auto l = gguf()->make_linear(*cpu_backend(), {"blk.0.ffn_up.weight", t, bytes.data(), n, k});
+    if (cpu_packs_blocks()) EXPECT_NE(l->view().kernel_variant & kCpuPackedBands, 0);
+    expect_blocks_as_stored(*cpu_backend(), *l, bytes.data(), bytes.size());
+  }
 }
 
 TEST(Gguf, ModelHoldsTheFileTensorsAsStored) {
