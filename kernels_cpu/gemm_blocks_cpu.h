@@ -219,6 +219,27 @@ inline void prefetch_band_block(const uint8_t* blk, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
 }
 
+// What every row pair of band block b shares against one x row: the block's address (prefetched
+// ahead), its eight scales times d_x (lane r: row r) and the x block's elements 0-15 (16-31) in
+// both halves.
+struct BandStep {
+  const uint8_t* blk;
+  __m256 sc;
+  __m256i xlo, xhi;
+};
+
+template <int64_t kBandBlockBytes>
+__attribute__((target("avx2,fma,f16c"))) inline BandStep band_step(const uint8_t* band, const int8_t* xq,
+                                                                   const float* xd, int64_t b) {
+  const uint8_t* blk = band + b * kBandBlockBytes;
+  prefetch_band_block(blk, kBandBlockBytes);
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+  const int8_t* xb = xq + b * kQBlock;
+  return {blk, _mm256_mul_ps(dw, _mm256_set1_ps(xd[b])),
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb))),
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)))};
+}
+
 // Lanes of row pair p's scales out of a band's eight (lane r: row r): [2p x4 | 2p+1 x4].
 __attribute__((target("avx2,fma"))) inline __m256i band_pair_lanes(int p) {
   return _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);

@@ -92,23 +92,18 @@ struct Q4 {
     const __m256i low_mask = _mm256_set1_epi8(0x0f);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
-      prefetch_band_block(blk, kRowsPerBand * kBlockBytes);
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-      const int8_t* xb = xq + b * kQBlock;
-      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
-      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
-      const __m256i x8 = _mm256_add_epi16(_mm256_maddubs_epi16(eights, xlo), _mm256_maddubs_epi16(eights, xhi));
-      const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));  // lane r: d_w[r]·d_x
+      const BandStep st = band_step<kRowsPerBand * kBlockBytes>(band, xq, xd, b);
+      const __m256i x8 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(eights, st.xlo), _mm256_maddubs_epi16(eights, st.xhi));
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 32 * p));
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st.blk + kBandScaleBytes + 32 * p));
         const __m256i lo = _mm256_and_si256(q, low_mask);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_mask);
-        const __m256i pairs =
-            _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)), x8);
+        const __m256i pairs = _mm256_sub_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, st.xlo), _mm256_maddubs_epi16(hi, st.xhi)), x8);
         const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        acc[p] = _mm256_fmadd_ps(d, _mm256_permutevar8x32_ps(sc, band_pair_lanes(p)), acc[p]);
+        acc[p] = _mm256_fmadd_ps(d, _mm256_permutevar8x32_ps(st.sc, band_pair_lanes(p)), acc[p]);
       }
     }
     store_band_sums(acc, y);

@@ -90,20 +90,14 @@ struct Q8 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
-      prefetch_band_block(blk, kRowsPerBand * kBlockBytes);
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-      const int8_t* xb = xq + b * kQBlock;
-      const __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
-      const __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
-      const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(xd[b]));  // lane r: d_w[r]·d_x
+      const BandStep st = band_step<kRowsPerBand * kBlockBytes>(band, xq, xd, b);
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const auto* q = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 64 * p);
+        const auto* q = reinterpret_cast<const __m256i*>(st.blk + kBandScaleBytes + 64 * p);
         const __m256i lo = _mm256_loadu_si256(q), hi = _mm256_loadu_si256(q + 1);
-        const __m256i s = _mm256_add_epi32(dot32(_mm256_abs_epi8(lo), lo, xlo, ones),
-                                           dot32(_mm256_abs_epi8(hi), hi, xhi, ones));
-        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(sc, band_pair_lanes(p)), acc[p]);
+        const __m256i s = _mm256_add_epi32(dot32(_mm256_abs_epi8(lo), lo, st.xlo, ones),
+                                           dot32(_mm256_abs_epi8(hi), hi, st.xhi, ones));
+        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(st.sc, band_pair_lanes(p)), acc[p]);
       }
     }
     store_band_sums(acc, y);
