@@ -180,7 +180,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
   }
   const bool avx2 = variant == kVariantDefault && has_avx2_f16c();
   if ((w.kernel_variant & (kBlockTilesPacked | kBlockBandsPacked)) != 0 && !avx2) {
-    throw Error("cpu gemm on " + std::string(kern.name) + ": a view packed into tiles needs the AVX2 kernel");
+    throw Error("cpu gemm on " + std::string(kern.name) + ": a view packed into bands and tiles needs the AVX2 kernel");
   }
   const int64_t k = w.cols;
   const int64_t n = w.rows;

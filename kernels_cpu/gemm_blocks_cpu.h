@@ -8,7 +8,7 @@
 // WeightView::kernel_variant for Q8_0 / Q4_0 on the CPU:
 //   0  the default: AVX2 (+FMA, F16C) when the CPU has it, otherwise portable scalar code
 //   2  the scalar code, whatever the CPU (for tests and comparisons; same number as the i8 gemm's)
-// plus the flag kBlockTilesPacked, set by prepare_weight_blocks().
+// plus the flags kBlockBandsPacked and kBlockTilesPacked, set by prepare_weight_blocks().
 #pragma once
 
 #include <immintrin.h>

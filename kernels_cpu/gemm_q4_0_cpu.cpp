@@ -5,9 +5,9 @@
 //   Σ (q - 8)·x  =  Σ q·x - Σ 8·x
 // so vpmaddubsw takes the unsigned nibbles directly (no sign trick) and 8·x is computed once per
 // activation block for the tile. Each block is scaled by d_w·d_x and accumulated in float (FMA). Two
-// activation rows share each weight load. Decode reads the blocks in place; prefill unpacks a tile's
-// nibbles and scales into a per-thread buffer first (gemm_blocks_cpu.h: run_tile_avx2, and
-// gemm_blocks for tiles and threads).
+// activation rows share each weight load. Decode reads the blocks in place (eight rows at a time
+// from a band: Q4::band_row); prefill unpacks a tile's nibbles and scales into a per-thread buffer
+// first (gemm_blocks_cpu.h: run_tile_avx2, run_band_avx2, and gemm_blocks for tiles and threads).
 #include <immintrin.h>
 
 #include "gemm_blocks_cpu.h"

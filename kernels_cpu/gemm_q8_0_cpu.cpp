@@ -2,8 +2,9 @@
 // activations: each block pair is one signed int8 dot (vpsignb/vpabsb + vpmaddubsw + vpmaddwd),
 // scaled by d_w·d_x and accumulated in float (FMA). Four weight rows share each activation load, two
 // of them per register; two activation rows share each weight load. Decode reads the blocks in
-// place; prefill copies a tile's quants, their absolute values and its scales as floats into a
-// per-thread buffer first (gemm_blocks_cpu.h: run_tile_avx2, and gemm_blocks for tiles and threads).
+// place (eight rows at a time from a band: Q8::band_row); prefill copies a tile's quants, their
+// absolute values and its scales as floats into a per-thread buffer first (gemm_blocks_cpu.h:
+// run_tile_avx2, run_band_avx2, and gemm_blocks for tiles and threads).
 #include <immintrin.h>
 
 #include "gemm_blocks_cpu.h"
