@@ -5,6 +5,7 @@
 //                     `sparse` attention plugins (keep_ratio 0.25).
 //   BM_Decode         decode tokens/s after a long prompt with each plugin (sparse decodes densely,
 //                     so this should not move).
+//   BM_DecodeAttentionCold  decode attention of a 110m-shaped model over a cold KV cache.
 // The model is synthetic (long context, small width, so attention dominates as it does at long
 // context in real models); it is written once to a temporary file. Shape: env TESSERA_BENCH_LONG_MODEL
 // replaces it with any GGUF of context > 8192.
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -166,6 +168,65 @@ BENCHMARK(BM_AttentionOp)
     ->ArgsProduct({{8192}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);
+
+// Decode attention as a 110m-shaped model meets it (12 layers of 12 heads of 64, one sequence in a
+// contiguous cache of 1024 positions): each layer's K/V is cold, because a token's weights pass
+// through the caches between two visits; 8 MiB are read between layers to evict them. Arg: context
+// positions. Only the attention calls are timed; KV_GB is the K and V bytes they read.
+void BM_DecodeAttentionCold(benchmark::State& state) {
+  const int64_t ctx = state.range(0);
+  constexpr int64_t kLayers = 12, kHeads = 12, kHeadDim = 64, kSlots = 1024;
+  const size_t pool = size_t(kSlots * kHeads * kHeadDim) * sizeof(float);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> host(pool / sizeof(float));
+  for (auto& v : host) v = dist(rng);
+  std::vector<DeviceBuffer> k, v;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    k.emplace_back(cpu(), pool);
+    v.emplace_back(cpu(), pool);
+    k.back().upload(host.data(), pool);
+    v.back().upload(host.data(), pool);
+  }
+  std::vector<float> q(size_t(kHeads * kHeadDim)), out(q.size());
+  for (auto& x : q) x = dist(rng) * 0.1f;
+  std::vector<float> evict(size_t(8) << 18, 1.0f);  // 8 MiB
+  const AttentionSeqDesc seq{0, 1, int32_t(ctx), 0};
+  const int32_t table[1] = {0};
+  double sink = 0;
+  for (auto _ : state) {
+    double seconds = 0;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (size_t i = 0; i < evict.size(); i += 16) sink += evict[i];
+      KvLayerView kv;
+      kv.k = k[size_t(l)].get();
+      kv.v = v[size_t(l)].get();
+      kv.num_blocks = 1;
+      kv.block_size = kSlots;
+      kv.n_kv_heads = kHeads;
+      kv.head_dim = kHeadDim;
+      AttentionArgs a;
+      a.q = q.data();
+      a.out = out.data();
+      a.n_tokens = 1;
+      a.n_heads = kHeads;
+      a.scale = 0.125f;
+      a.seqs = &seq;
+      a.n_seqs = 1;
+      a.block_tables = table;
+      a.max_q_len = 1;
+      a.max_context_len = int32_t(ctx);
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu().attention(a, kv);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    state.SetIterationTime(seconds);
+  }
+  benchmark::DoNotOptimize(sink);
+  const double bytes = double(kLayers * ctx * kHeads * kHeadDim) * 2 * sizeof(float);
+  state.counters["KV_GB"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeAttentionCold)->Arg(40)->Arg(128)->Arg(512)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- whole model -----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 // Kernel microbenchmarks (Google Benchmark): GEMV (decode, m = 1) and GEMM (prefill, m = 128) for
 // every weight scheme, made through the real quantizer plugins on the CPU backend, reported as
-// weight GB/s and GFLOP/s; plus this machine's limits — read bandwidth and FMA peak — so that every
-// figure can be read as a share of what the hardware allows.
+// weight GB/s and GFLOP/s; GEMVs streaming from memory (BM_GemvStream) and a 110m decode step's
+// GEMVs separate and fused (BM_GemvLayers); plus this machine's limits — read bandwidth and FMA
+// peak — so that every figure can be read as a share of what the hardware allows.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -44,22 +45,31 @@ const std::vector<Scheme>& schemes() {
   return s;
 }
 
+bool scheme_built(benchmark::State& state, const Scheme& scheme) {
+  if (registry().find(ComponentKind::quantizer, scheme.quantizer) != nullptr) return true;
+  state.SkipWithError((std::string("quantizer plugin '") + scheme.quantizer + "' is not built").c_str());
+  return false;
+}
+
+// A random n x k weight (normal, sd 0.05) as `scheme` stores it in a model file.
+std::vector<uint8_t> stored_weight(const Scheme& scheme, int64_t n, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(size_t(n * k));
+  for (auto& v : w) v = dist(rng);
+  const size_t row_bytes = dtype_row_bytes(scheme.source, k);
+  std::vector<uint8_t> stored(row_bytes * size_t(n));
+  for (int64_t r = 0; r < n; ++r) quantize_row(scheme.source, w.data() + r * k, stored.data() + size_t(r) * row_bytes, k);
+  return stored;
+}
+
 // args: scheme index, m, n (rows), k (cols)
 void BM_Gemm(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
   const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
-  if (registry().find(ComponentKind::quantizer, scheme.quantizer) == nullptr) {
-    state.SkipWithError((std::string("quantizer plugin '") + scheme.quantizer + "' is not built").c_str());
-    return;
-  }
+  if (!scheme_built(state, scheme)) return;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> w(size_t(n * k));
-  for (auto& v : w) v = dist(rng);
-  std::vector<uint8_t> stored(dtype_row_bytes(scheme.source, k) * size_t(n));
-  for (int64_t r = 0; r < n; ++r) {
-    quantize_row(scheme.source, w.data() + r * k, stored.data() + size_t(r) * dtype_row_bytes(scheme.source, k), k);
-  }
+  const std::vector<uint8_t> stored = stored_weight(scheme, n, k, rng);
   auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
   auto linear = quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k});
   DeviceBuffer x(cpu(), size_t(m * k) * 4), y(cpu(), size_t(m * n) * 4);
@@ -94,17 +104,10 @@ BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime
 void BM_GemvStream(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
   const int64_t n = 2048, k = 768;
-  if (registry().find(ComponentKind::quantizer, scheme.quantizer) == nullptr) {
-    state.SkipWithError((std::string("quantizer plugin '") + scheme.quantizer + "' is not built").c_str());
-    return;
-  }
+  if (!scheme_built(state, scheme)) return;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> w(size_t(n * k));
-  for (auto& v : w) v = dist(rng);
-  const size_t row_bytes = dtype_row_bytes(scheme.source, k);
-  std::vector<uint8_t> stored(row_bytes * size_t(n));
-  for (int64_t r = 0; r < n; ++r) quantize_row(scheme.source, w.data() + r * k, stored.data() + size_t(r) * row_bytes, k);
+  const std::vector<uint8_t> stored = stored_weight(scheme, n, k, rng);
   auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
   std::vector<std::unique_ptr<Linear>> linears;
   size_t total = 0;
@@ -127,6 +130,43 @@ void BM_GemvStream(benchmark::State& state) {
                  std::to_string(omp_get_max_threads()) + " threads)");
 }
 BENCHMARK(BM_GemvStream)->DenseRange(0, 5)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A 110m decode step's GEMVs, 12 layers of q, k, v, o (768x768), gate, up (2048x768) and down
+// (768x2048), against the same layers with q|k|v and gate|up concatenated (4 GEMVs a layer instead
+// of 7): what fusing them would save in per-call costs (fork/join, quantizing x, stream ramp-up).
+// args: scheme index, fused (0/1).
+void BM_GemvLayers(benchmark::State& state) {
+  const Scheme& scheme = schemes()[size_t(state.range(0))];
+  const bool fused = state.range(1) == 1;
+  if (!scheme_built(state, scheme)) return;
+  auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      fused ? std::vector<std::pair<int64_t, int64_t>>{{2304, 768}, {768, 768}, {4096, 768}, {768, 2048}}
+            : std::vector<std::pair<int64_t, int64_t>>{{768, 768},  {768, 768},  {768, 768}, {768, 768},
+                                                       {2048, 768}, {2048, 768}, {768, 2048}};
+  std::vector<std::unique_ptr<Linear>> linears;
+  size_t total = 0;
+  for (int layer = 0; layer < 12; ++layer) {
+    for (const auto& [n, k] : shapes) {
+      const std::vector<uint8_t> stored = stored_weight(scheme, n, k, rng);
+      linears.push_back(quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k}));
+      total += linears.back()->resident_bytes();
+    }
+  }
+  DeviceBuffer x(cpu(), 2048 * 4), y(cpu(), 4096 * 4);
+  std::vector<float> xs(2048);
+  for (auto& v : xs) v = dist(rng) * 20;
+  x.upload(xs.data(), xs.size() * 4);
+  for (auto _ : state) {
+    for (auto& linear : linears) linear->forward(x.as<float>(), 1, y.as<float>());
+    benchmark::ClobberMemory();
+  }
+  state.counters["weight_GB"] = benchmark::Counter(double(total) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(scheme.label) + (fused ? " fused" : " separate"));
+}
+BENCHMARK(BM_GemvLayers)->ArgsProduct({{0, 2, 3, 4, 5}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Read bandwidth over a buffer far larger than the caches, all threads (the same pass that
 // `tessera bench` times for its conditions block).
