@@ -178,18 +178,16 @@ class DraftModelProposer final : public ModelProposer {
       if (!std::filesystem::exists(path)) throw Error("draft_model: file '" + path_ + "' not found");
       file_ = GgufFile::open(path);
       check_vocabulary(load_vocabulary(*file_), host.tokenizer.vocabulary(), path, host.spec.model);
-      if (quantizer_name_.empty()) {
-        const ComponentSpec& q = host.spec.components.at(ComponentKind::quantizer);
-        quantizer_ = host.registry.create<Quantizer>(q.plugin, q.params, where + " quantizer " + q.plugin);
-      } else {
-        quantizer_ = host.registry.create<Quantizer>(quantizer_name_, nlohmann::json::object(),
-                                                     where + " quantizer " + quantizer_name_);
-      }
     } else {
       file_ = host.file;
-      quantizer_ = host.registry.create<Quantizer>(quantizer_name_, nlohmann::json::object(),
-                                                   where + " quantizer " + quantizer_name_);
     }
+    // No draft_quantizer (draft_model only; self_quantized defaults to int4): the target's, with
+    // its parameters.
+    const ComponentSpec& target = host.spec.components.at(ComponentKind::quantizer);
+    const bool own = !quantizer_name_.empty();
+    const std::string& name = own ? quantizer_name_ : target.plugin;
+    quantizer_ = host.registry.create<Quantizer>(name, own ? nlohmann::json::object() : target.params,
+                                                 where + " quantizer " + name);
     model_ = std::make_unique<Model>(file_, host.backend, *quantizer_);
     const ModelConfig& c = model_->config();
     if (c.vocab != host.model.config().vocab) {
