@@ -41,11 +41,11 @@ inline std::string serve_pipeline(const TempDir& dir, const std::string& server_
 
 // A synthetic 28M-parameter model (q8_0, context 2048) for tests that need a request to stay in
 // flight for a while: a few ms per token where stories260K takes a fraction of one. Written once per
-// test process with `tessera synth`.
+// test process with `tessera synth`, removed when the process exits (each test runs in its own).
 inline std::string slow_serve_pipeline(const TempDir& dir, const std::string& server_yaml = "") {
-  static TempDir* model_dir = new TempDir();
+  static const TempDir model_dir;
   static const std::string model = [] {
-    const std::string path = model_dir->path() + "/slow.gguf";
+    const std::string path = model_dir.path() + "/slow.gguf";
     const std::string cmd = std::string("'") + TESSERA_BINARY + "' synth --preset tiny --dim 512 --ffn 1536 " +
                             "--layers 8 --heads 8 --kv-heads 8 --vocab 512 --context 2048 --dtype q8_0 -o '" + path +
                             "' >/dev/null 2>&1";
