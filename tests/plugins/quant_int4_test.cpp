@@ -348,8 +348,8 @@ double perplexity_of(Pipeline& p) {
 }
 
 TEST(Int4, Stories260KPerplexityNearF32AndKeepFloatNarrowsTheGap) {
-  // Measured: f32 4.7637; g32 asymmetric 4.963 (+4.2%), symmetric 5.103 (+7.1%); keeping output and
-  // block 0 in float: 4.844 / 5.040. The model is tiny (dim 64), so every layer is sensitive.
+  // Measured: f32 4.7637; g32 asymmetric 4.970 (+4.3%), symmetric 5.092 (+6.9%); keeping output and
+  // block 0 in float: 4.844 / 5.036. The model is tiny (dim 64), so every layer is sensitive.
   const double f32 = perplexity_of(*test::cpu_pipeline(test::kStoriesF32));
   EXPECT_NEAR(f32, 4.7634, 4.7634 * 0.005);
   auto ppl = [&](const json& params) {
