@@ -84,6 +84,38 @@ __attribute__((target("avx2,fma"))) void dot3x4_avx2(const float* x0, const floa
   }
 }
 
+// Eight half-precision weights as floats (exact).
+template <DType kDtype>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_half8(const uint8_t* row, int64_t i) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+  if constexpr (kDtype == DType::F16) {
+    return _mm256_cvtph_ps(h);
+  } else {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// dot4_avx2 on four f16 or bf16 rows converted in registers, k a multiple of 8: the same products
+// in the same order as on unpacked rows, so the same bits. For decode, where each weight is read
+// once, unpacking to a buffer first would only add a store and a load per element.
+template <DType kDtype>
+__attribute__((target("avx2,fma,f16c"))) void dot4_half_avx2(const float* x, const uint8_t* const* w, int64_t k,
+                                                             float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    a0 = _mm256_fmadd_ps(xv, load_half8<kDtype>(w[0], i), a0);
+    a1 = _mm256_fmadd_ps(xv, load_half8<kDtype>(w[1], i), a1);
+    a2 = _mm256_fmadd_ps(xv, load_half8<kDtype>(w[2], i), a2);
+    a3 = _mm256_fmadd_ps(xv, load_half8<kDtype>(w[3], i), a3);
+  }
+  out[0] = hsum(a0);
+  out[1] = hsum(a1);
+  out[2] = hsum(a2);
+  out[3] = hsum(a3);
+}
+
 void dot4_generic(const float* x, const float* w0, const float* w1, const float* w2,
                   const float* w3, int64_t k, float* out) {
   out[0] = dot_f32(x, w0, k);
@@ -100,9 +132,26 @@ void gemm_rows(const float* x, int64_t m, const WeightView& w, float* y, int64_t
   const size_t row_bytes = dtype_row_bytes(w.dtype, k);
   const auto* base = static_cast<const uint8_t*>(w.data);
   const bool avx2 = has_avx2();
+  // Decode on half-precision rows: converted in registers, not unpacked.
+  const bool half = w.dtype == DType::F16 || w.dtype == DType::BF16;
+  const bool direct = half && m < 3 && k % 8 == 0 && has_f16c();
   unpacked.resize(static_cast<size_t>(kRowsPerTile * k));
   for (int64_t j = j0; j < j1; j += kRowsPerTile) {
     const int64_t rows = std::min(kRowsPerTile, j1 - j);
+    if (direct) {
+      const uint8_t* hr[kRowsPerTile];
+      for (int64_t r = 0; r < kRowsPerTile; ++r) hr[r] = base + size_t(j + std::min(r, rows - 1)) * row_bytes;
+      for (int64_t i = 0; i < m; ++i) {
+        float out[kRowsPerTile];
+        if (w.dtype == DType::F16) {
+          dot4_half_avx2<DType::F16>(x + i * k, hr, k, out);
+        } else {
+          dot4_half_avx2<DType::BF16>(x + i * k, hr, k, out);
+        }
+        for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = out[r];
+      }
+      continue;
+    }
     const float* wr[kRowsPerTile];
     for (int64_t r = 0; r < kRowsPerTile; ++r) {
       const int64_t jr = j + std::min(r, rows - 1);  // pad a short tile by repeating its last row

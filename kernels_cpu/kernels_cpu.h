@@ -30,6 +30,7 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
 }
 
 bool has_avx2();
+bool has_f16c();  // and AVX2
 
 void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);
 void gemm(const float* x, int64_t m, const WeightView& w, float* y);

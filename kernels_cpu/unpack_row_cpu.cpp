@@ -7,8 +7,6 @@
 
 namespace tessera::cpu {
 
-namespace {
-
 bool has_f16c() {
   static const bool value = [] {
     __builtin_cpu_init();
@@ -16,6 +14,8 @@ bool has_f16c() {
   }();
   return value;
 }
+
+namespace {
 
 __attribute__((target("avx2,f16c"))) void unpack_f16(const uint8_t* src, float* dst, int64_t n) {
   int64_t i = 0;

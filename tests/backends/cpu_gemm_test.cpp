@@ -1,7 +1,8 @@
 // The CPU backend's gemm on prepared (packed) weights: what the engine relies on beyond the
 // conformance suite's accuracy check — a row's result is the same bits whether it runs alone
 // (decode) or inside a batch (prefill, continuous batching) and whatever the thread count, and a
-// partly packed matrix (rows after the last full tile) is computed like the rest.
+// partly packed matrix (rows after the last full tile) is computed like the rest. Half-precision
+// rows are converted in registers for one or two rows of x and unpacked for more: the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,13 +24,19 @@ struct Weight {
   WeightView view;
 };
 
-// W as the CPU backend holds a Linear's weight: f32, or int8 with per-row scales; then prepared.
+// W as the CPU backend holds a Linear's weight: f32, f16, bf16, or int8 with per-row scales; then
+// prepared.
 Weight make_weight(DType t, const std::vector<float>& w, int64_t n, int64_t k) {
   Backend& b = cpu_backend();
   Weight out;
   if (t == DType::F32) {
     out.data = DeviceBuffer(b, w.size() * sizeof(float));
     out.data.upload(w.data(), w.size() * sizeof(float));
+  } else if (t == DType::F16 || t == DType::BF16) {
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = t == DType::F16 ? f32_to_fp16(w[i]) : f32_to_bf16(w[i]);
+    out.data = DeviceBuffer(b, h.size() * sizeof(uint16_t));
+    out.data.upload(h.data(), h.size() * sizeof(uint16_t));
   } else {
     std::vector<int8_t> q(w.size());
     for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t(int(w[i] * 127.0f) % 128);
@@ -56,7 +63,7 @@ std::vector<float> gemm(const WeightView& v, const float* x, int64_t m) {
 
 TEST(CpuGemm, PreparedWeightsGiveEachRowTheSameBitsAloneOrInABatchOnAnyThreadCount) {
   const int64_t m = 13;
-  for (DType t : {DType::F32, DType::I8}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I8}) {
     for (int64_t n : {16, 37, 64, 1030}) {
       for (int64_t k : {7, 64, 129, 300}) {
         SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n) + " k=" + std::to_string(k));

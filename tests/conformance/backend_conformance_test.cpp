@@ -197,7 +197,7 @@ struct GemmShape {
 
 TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
   // Float types take any k (odd ones too); block types need whole blocks of 32.
-  const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}, {7, 50, 150}};
+  const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {2, 9, 64}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}, {7, 50, 150}};
   const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}};
   int ran = 0;
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
