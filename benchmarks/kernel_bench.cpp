@@ -41,6 +41,8 @@ const std::vector<Scheme>& schemes() {
       {"int4-g32", "int4", {{"group_size", 32}}, DType::F32},
       {"gguf-q8_0", "gguf", nlohmann::json::object(), DType::Q8_0},
       {"gguf-q4_0", "gguf", nlohmann::json::object(), DType::Q4_0},
+      {"gguf-q4_k", "gguf", nlohmann::json::object(), DType::Q4_K},
+      {"gguf-q6_k", "gguf", nlohmann::json::object(), DType::Q6_K},
   };
   return s;
 }
@@ -51,8 +53,25 @@ bool scheme_built(benchmark::State& state, const Scheme& scheme) {
   return false;
 }
 
-// A random n x k weight (normal, sd 0.05) as `scheme` stores it in a model file.
+// A random n x k weight (normal, sd 0.05) as `scheme` stores it in a model file. The k-quants, which
+// Tessera does not write, get random quants and sub-block scales under super-block scales (fp16)
+// that keep the weights small.
 std::vector<uint8_t> stored_weight(const Scheme& scheme, int64_t n, int64_t k, std::mt19937& rng) {
+  if (scheme.source == DType::Q4_K || scheme.source == DType::Q6_K) {
+    std::vector<uint8_t> stored(dtype_row_bytes(scheme.source, k) * size_t(n));
+    for (auto& b : stored) b = uint8_t(rng());
+    const size_t block = dtype_block_bytes(scheme.source);
+    const uint16_t d = f32_to_fp16(1e-3f);
+    for (size_t at = 0; at < stored.size(); at += block) {
+      if (scheme.source == DType::Q4_K) {
+        std::memcpy(&stored[at], &d, 2);      // d
+        std::memcpy(&stored[at + 2], &d, 2);  // dmin
+      } else {
+        std::memcpy(&stored[at + 208], &d, 2);
+      }
+    }
+    return stored;
+  }
   std::normal_distribution<float> dist(0.0f, 0.05f);
   std::vector<float> w(size_t(n * k));
   for (auto& v : w) v = dist(rng);

@@ -82,6 +82,27 @@ std::vector<uint8_t> encode(DType t, const std::vector<float>& w, int64_t rows, 
   return out;
 }
 
+// The k-quants (Q4_K, Q6_K), which Tessera reads but does not write: blocks of bytes drawn from the
+// floats' bits, under a super-block scale (and min scale) of 1/64 so that the weights stay small.
+std::vector<uint8_t> kquant_blocks(DType t, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> out(dtype_row_bytes(t, cols) * size_t(rows));
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &w[i % w.size()], 4);
+    out[i] = static_cast<uint8_t>((bits >> 7) ^ (bits >> 15) ^ uint32_t(i * 131));
+  }
+  const uint16_t d = f32_to_fp16(1.0f / 64);
+  for (size_t at = 0; at < out.size(); at += dtype_block_bytes(t)) {
+    if (t == DType::Q4_K) {
+      put_u16(&out[at], d);
+      put_u16(&out[at + 2], d);
+    } else {
+      put_u16(&out[at + 208], d);
+    }
+  }
+  return out;
+}
+
 std::vector<float> dequantize(DType t, const std::vector<uint8_t>& data, int64_t rows, int64_t cols) {
   std::vector<float> out(size_t(rows * cols));
   const size_t row_bytes = dtype_row_bytes(t, cols);
@@ -185,6 +206,8 @@ TEST_P(BackendConformance, MemoryRoundTripsCopiesAndZeroes) {
 double gemm_tolerance(DType t) {
   switch (t) {
     case DType::F32: return 1e-5;
+    case DType::Q4_K:
+    case DType::Q6_K: return 5e-5;  // weights are exact floats, so f32's bound over k <= 768
     case DType::F16: return 1.5e-3;
     case DType::BF16: return 1e-2;
     default: return 2e-2;
@@ -199,16 +222,18 @@ TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
   // Float types take any k (odd ones too); block types need whole blocks of 32.
   const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {2, 9, 64}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}, {7, 50, 150}};
   const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}};
+  const std::vector<GemmShape> kquant_shapes = {{1, 3, 256}, {2, 9, 512}, {5, 7, 256}, {13, 5, 768}};
   int ran = 0;
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     if (!claims(Op::gemm, t)) continue;
-    for (const GemmShape& s : dtype_is_float(t) ? float_shapes : block_shapes) {
+    const bool kquant = t == DType::Q4_K || t == DType::Q6_K;
+    for (const GemmShape& s : dtype_is_float(t) ? float_shapes : kquant ? kquant_shapes : block_shapes) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
                    " k=" + std::to_string(s.k));
       const uint64_t seed = 1000 * uint64_t(t) + uint64_t(s.m * 31 + s.n * 7 + s.k);
       const auto w = random_floats(size_t(s.n * s.k), seed);
       const auto x = random_floats(size_t(s.m * s.k), seed + 1);
-      const auto packed = encode(t, w, s.n, s.k);
+      const auto packed = kquant ? kquant_blocks(t, w, s.n, s.k) : encode(t, w, s.n, s.k);
       const auto wd = dequantize(t, packed, s.n, s.k);  // what the kernel is meant to multiply by
 
       std::vector<double> want(size_t(s.m * s.n)), mag(want.size());
