@@ -1,5 +1,5 @@
-// y[m][n] = x[m][k] · W[n][k]ᵀ for float weights and the GGUF k-quants; int8, int4, Q8_0 and Q4_0
-// have integer-dot kernels of their own (dispatched below). Half-precision and k-quant rows are
+// y[m][n] = x[m][k] · W[n][k]ᵀ for float weights (and the GGUF k-quants on CPUs without AVX2); int8,
+// int4, Q8_0, Q4_0 and the k-quants have integer-dot kernels of their own (dispatched below). Half-precision and k-quant rows are
 // unpacked a few rows at a time into a small per-thread buffer (never a float copy of the
 // matrix), then reused across all m rows of x.
 #include <immintrin.h>
@@ -217,6 +217,7 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   if (w.dtype == DType::I4) return gemm_i4(x, m, w, y);
   if (w.dtype == DType::Q8_0) return gemm_q8_0(x, m, w, y);
   if (w.dtype == DType::Q4_0) return gemm_q4_0(x, m, w, y);
+  if (gemm_kquant_supports(w)) return gemm_kquant(x, m, w, y);
   if (m <= 0) return;
   if (w.dtype == DType::F32) {
     // Packed panels first; the rows after the last full panel are row-major (few, one thread).

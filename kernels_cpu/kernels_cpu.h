@@ -38,6 +38,10 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y);
 // group-wise int4 unpacked in registers.
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y);
 void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
+// Q4_K and Q6_K against int8 activations (gemm_kquant_cpu.cpp), where the CPU has AVX2 and F16C;
+// elsewhere gemm unpacks their rows to float.
+bool gemm_kquant_supports(const WeightView& w);
+void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y);
 // Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
 void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);

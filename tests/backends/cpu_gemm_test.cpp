@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -79,6 +81,48 @@ TEST(CpuGemm, PreparedWeightsGiveEachRowTheSameBitsAloneOrInABatchOnAnyThreadCou
         cpu_backend().set_threads(1);
         EXPECT_EQ(gemm(weight.view, x.data(), m), batch) << "one thread against two";
         cpu_backend().set_threads(2);
+      }
+    }
+  }
+}
+
+// The k-quant kernels quantize activations to int8 per 256 elements (scale amax/127). With
+// activations that are whole numbers whose largest magnitude in every 256 is 127, that quantization
+// is exact, so the result must match the dequantized weights' dot to float rounding: any slip in
+// the nibble, high-bit, scale or min unpacking shows. Blocks are random bytes under fixed
+// super-block scales.
+TEST(CpuGemm, KQuantsMatchTheDequantizedWeightsWhenActivationsQuantizeExactly) {
+  std::mt19937 rng(17);
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    for (int64_t m : {1, 2, 5}) {
+      const int64_t n = 9, k = 512;
+      SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(m));
+      std::vector<uint8_t> w(dtype_row_bytes(t, k) * size_t(n));
+      for (auto& byte : w) byte = uint8_t(rng());
+      const uint16_t d = f32_to_fp16(1.0f / 64), dmin = f32_to_fp16(1.0f / 32);
+      for (size_t at = 0; at < w.size(); at += dtype_block_bytes(t)) {
+        std::memcpy(&w[at + (t == DType::Q4_K ? 0 : 208)], &d, 2);
+        if (t == DType::Q4_K) std::memcpy(&w[at + 2], &dmin, 2);
+      }
+      std::vector<float> x(size_t(m * k));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = i % 256 == 7 ? -127.0f : float(int(rng() % 255) - 127);
+      std::vector<float> wd(size_t(n * k));
+      for (int64_t j = 0; j < n; ++j) dequantize_row(t, w.data() + size_t(j) * dtype_row_bytes(t, k), wd.data() + j * k, k);
+
+      DeviceBuffer wb(cpu_backend(), w.size());
+      wb.upload(w.data(), w.size());
+      WeightView view{wb.get(), t, n, k};
+      cpu_backend().prepare_weight(view);
+      const auto y = gemm(view, x.data(), m);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0, mag = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            want += double(x[size_t(i * k + p)]) * wd[size_t(j * k + p)];
+            mag += std::abs(double(x[size_t(i * k + p)]) * wd[size_t(j * k + p)]);
+          }
+          EXPECT_NEAR(y[size_t(i * n + j)], want, 1e-5 * mag) << "x row " << i << ", w row " << j;
+        }
       }
     }
   }

@@ -1,0 +1,232 @@
+// GGUF k-quant weights (Q4_K, Q6_K; layouts in core/src/dtype_kquant.cpp) times int8-quantized
+// activations, read as stored: no float copy of a row. Each activation row is quantized per
+// super-block of 256 (scale amax/127, rounded to nearest even) with the sums of its 16-element
+// pieces, so that a super-block's sub-block scales stay integers inside the dot:
+//   Q4_K  Σ (d·sc_j·q - dmin·m_j)·x  =  dx·(d·Σ_j sc_j·Σ q·xq  -  dmin·Σ_j m_j·Σ xq)
+//   Q6_K  Σ d·sc_j·(q - 32)·x        =  dx·d·(Σ_j sc_j·Σ q·xq  -  32·Σ_j sc_j·Σ xq)
+// vpmaddubsw multiplies the unsigned quants by the int8 activations, vpmaddwd applies the scales,
+// and one float multiply-add per super-block and row remains. Four weight rows share each
+// activation load; every row of x sees the same arithmetic in the same order, so decode, prefill
+// and verification agree to the bit.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels_cpu.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+constexpr int64_t kSuper = 256;
+constexpr int64_t kPiece = 16;  // activation sums per 16 elements (Q6_K's scale granularity)
+constexpr int64_t kRowsPerTile = 4;
+
+struct KQuantX {
+  std::vector<int8_t> q;      // [m][k]
+  std::vector<float> d;       // [m][k / 256]
+  std::vector<int16_t> sums;  // [m][k / 16]: Σ q over each 16 elements
+};
+
+__attribute__((target("avx2,fma,f16c"))) void quantize_x(const float* x, int64_t m, int64_t k, KQuantX& out) {
+  const int64_t supers = k / kSuper;
+  out.q.resize(size_t(m * k));
+  out.d.resize(size_t(m * supers));
+  out.sums.resize(size_t(m * (k / kPiece)));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < m * supers; ++i) {
+    const float* xs = x + i * kSuper;
+    __m256 vmax = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kSuper; c += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + c)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    const float amax = *std::max_element(lanes, lanes + 8);
+    const float d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
+    out.d[size_t(i)] = d;
+    int8_t* q = out.q.data() + i * kSuper;
+    for (int64_t c = 0; c < kSuper; c += kPiece) {
+      // Sixteen values to int8 (|x·id| <= 127: packs never saturate) and their sum.
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c), id));
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c + 8), id));
+      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);  // 16 int16 in order
+      const __m128i w8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), w8);
+      const __m256i s = _mm256_madd_epi16(w16, _mm256_set1_epi16(1));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      out.sums[size_t(i * (kSuper / kPiece) + c / kPiece)] = int16_t(_mm_cvtsi128_si32(s4));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float load_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// Q4_K: 144 bytes per super-block — fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128
+// bytes whose 32-byte chunk c holds sub-block 2c in its low nibbles and 2c+1 in its high ones.
+struct Q4K {
+  static constexpr int64_t kBytes = 144;
+
+  // The eight 6-bit scales and mins: entries 0-3 are the low 6 bits of bytes 0-3 (scales) and 4-7
+  // (mins); entries 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits from the spare
+  // high bits of bytes 0-3 (scales) and 4-7 (mins). Worked on four bytes at a time.
+  static void scales_mins(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+    uint32_t w[3];
+    std::memcpy(w, s, 12);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    const uint32_t sc_lo = w[0] & six, mn_lo = w[1] & six;
+    const uint32_t sc_hi = (w[2] & four) | (((w[0] >> 6) & two) << 4);
+    const uint32_t mn_hi = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
+    std::memcpy(sc, &sc_lo, 4);
+    std::memcpy(sc + 4, &sc_hi, 4);
+    std::memcpy(mn, &mn_lo, 4);
+    std::memcpy(mn + 4, &mn_hi, 4);
+  }
+
+  // Σ_j sc_j·Σ q·xq (8 lanes) and Σ_j m_j·Σ xq of one super-block of one row.
+  __attribute__((target("avx2,fma,f16c"))) static void dot(const uint8_t* blk, const int8_t* xq,
+                                                            const int16_t* sums, __m256i& isum, int32_t& msum) {
+    uint8_t sc[8], mn[8];
+    scales_mins(blk + 4, sc, mn);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c + 32));
+      // Pairs q·x are at most 2·15·127 = 3810; times a scale < 64, twice, far inside int32.
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0),
+                                           _mm256_set1_epi16(sc[2 * c]));
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1),
+                                           _mm256_set1_epi16(sc[2 * c + 1]));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+    }
+    msum = 0;
+    for (int j = 0; j < 8; ++j) msum += int32_t(mn[j]) * (int32_t(sums[2 * j]) + sums[2 * j + 1]);
+  }
+
+  // acc (8 lanes) += d·dx·isum; fixed -= dmin·dx·msum.
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, const int8_t* xq,
+                                                                   const int16_t* sums, float dx, __m256& acc,
+                                                                   float& fixed) {
+    __m256i isum;
+    int32_t msum;
+    dot(blk, xq, sums, isum, msum);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+    fixed -= load_fp16(blk + 2) * dx * float(msum);
+  }
+};
+
+// Q6_K: 210 bytes per super-block — 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales (one
+// per 16 elements), fp16 d. Half h (128 elements) uses low bytes 64h.. and high bytes 128 + 32h..;
+// its quarter i (32 elements) is the low (i = 0, 1) or high (i = 2, 3) nibbles of low bytes
+// 64h + 32(i % 2).. with bit pair i of the high bytes on top.
+struct Q6K {
+  static constexpr int64_t kBytes = 210;
+
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, const int8_t* xq,
+                                                                   const int16_t* sums, float dx, __m256& acc,
+                                                                   float& fixed) {
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i nibble[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                                 _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      for (int i = 0; i < 4; ++i) {
+        const __m256i q = _mm256_or_si256(nibble[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), two), 4));
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * i));
+        // Elements 0-15 of the quarter (the low 128 bits) take one scale, 16-31 the next. Pairs
+        // q·x are at most 2·63·127 = 16002.
+        const int j = 8 * h + 2 * i;
+        const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), scale));
+      }
+    }
+    int32_t bias = 0;  // Σ_j sc_j·Σ xq, for the -32 every quant carries
+    for (int j = 0; j < 16; ++j) bias += int32_t(sc[j]) * sums[j];
+    const float d = load_fp16(blk + 208) * dx;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    fixed -= d * float(32 * bias);
+  }
+};
+
+// Rows [j0, j1) of W against all m rows of x, four rows at a time sharing each x super-block.
+template <class Format>
+__attribute__((target("avx2,fma,f16c"))) void gemm_rows(const KQuantX& xq, int64_t m, const WeightView& w,
+                                                        float* y, int64_t j0, int64_t j1) {
+  const int64_t k = w.cols, n = w.rows, supers = k / kSuper;
+  const size_t row_bytes = size_t(supers * Format::kBytes);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t j = j0; j < j1; j += kRowsPerTile) {
+    const int64_t rows = std::min(kRowsPerTile, j1 - j);
+    for (int64_t i = 0; i < m; ++i) {
+      __m256 acc[kRowsPerTile];
+      float fixed[kRowsPerTile] = {};
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int64_t b = 0; b < supers; ++b) {
+        const int8_t* x = xq.q.data() + i * k + b * kSuper;
+        const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
+        const float dx = xq.d[size_t(i * supers + b)];
+        for (int64_t r = 0; r < rows; ++r) {
+          Format::accumulate(base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes), x, sums, dx, acc[r],
+                             fixed[r]);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]) + fixed[r];
+    }
+  }
+}
+
+template <class Format>
+void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
+  thread_local KQuantX xq;
+  quantize_x(x, m, w.cols, xq);
+  const int64_t n = w.rows;
+  if ((m * n * w.cols < kParallelWork && n * int64_t(dtype_row_bytes(w.dtype, w.cols)) < kParallelStreamBytes) ||
+      omp_get_max_threads() == 1) {
+    return gemm_rows<Format>(xq, m, w, y, 0, n);
+  }
+  const KQuantX& shared = xq;
+  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = (tiles + nt - 1) / nt;
+    const int64_t j0 = std::min(n, per * t * kRowsPerTile), j1 = std::min(n, per * (t + 1) * kRowsPerTile);
+    if (j0 < j1) gemm_rows<Format>(shared, m, w, y, j0, j1);
+  }
+}
+
+}  // namespace
+
+bool gemm_kquant_supports(const WeightView& w) {
+  return (w.dtype == DType::Q4_K || w.dtype == DType::Q6_K) && w.cols % kSuper == 0 && has_f16c();
+}
+
+void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
+  if (m <= 0) return;
+  if (w.dtype == DType::Q4_K) return gemm_kquant<Q4K>(x, m, w, y);
+  gemm_kquant<Q6K>(x, m, w, y);
+}
+
+}  // namespace tessera::cpu
