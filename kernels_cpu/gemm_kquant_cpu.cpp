@@ -82,53 +82,43 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
 struct Q4K {
   static constexpr int64_t kBytes = 144;
 
-  // The eight 6-bit scales and mins: entries 0-3 are the low 6 bits of bytes 0-3 (scales) and 4-7
-  // (mins); entries 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits from the spare
-  // high bits of bytes 0-3 (scales) and 4-7 (mins). Worked on four bytes at a time.
-  static void scales_mins(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  // The eight 6-bit scales and mins, as bytes: entries 0-3 are the low 6 bits of bytes 0-3
+  // (scales) and 4-7 (mins); entries 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits
+  // from the spare high bits of bytes 0-3 (scales) and 4-7 (mins). Worked on four bytes at a time.
+  __attribute__((target("avx2,fma,f16c"))) static void scales_mins(const uint8_t* s, __m128i& sc, __m128i& mn) {
     uint32_t w[3];
     std::memcpy(w, s, 12);
     const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-    const uint32_t sc_lo = w[0] & six, mn_lo = w[1] & six;
-    const uint32_t sc_hi = (w[2] & four) | (((w[0] >> 6) & two) << 4);
-    const uint32_t mn_hi = ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4);
-    std::memcpy(sc, &sc_lo, 4);
-    std::memcpy(sc + 4, &sc_hi, 4);
-    std::memcpy(mn, &mn_lo, 4);
-    std::memcpy(mn + 4, &mn_hi, 4);
+    sc = _mm_setr_epi32(int(w[0] & six), int((w[2] & four) | (((w[0] >> 6) & two) << 4)), 0, 0);
+    mn = _mm_setr_epi32(int(w[1] & six), int(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
   }
 
-  // Σ_j sc_j·Σ q·xq (8 lanes) and Σ_j m_j·Σ xq of one super-block of one row.
-  __attribute__((target("avx2,fma,f16c"))) static void dot(const uint8_t* blk, const int8_t* xq,
-                                                            const int16_t* sums, __m256i& isum, int32_t& msum) {
-    uint8_t sc[8], mn[8];
-    scales_mins(blk + 4, sc, mn);
+  // acc (8 lanes) += d·dx·Σ_j sc_j·Σ q·xq  -  dmin·dx·Σ_j m_j·Σ xq over one super-block of one row.
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, const int8_t* xq,
+                                                                   const int16_t* sums, float dx, __m256& acc) {
+    __m128i sc8, mn8;
+    scales_mins(blk + 4, sc8, mn8);
+    // The scales as int16 in both halves; chunk c broadcasts entries 2c and 2c+1 with a byte shuffle.
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
     const __m256i low = _mm256_set1_epi8(0x0f);
-    isum = _mm256_setzero_si256();
+    __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c + 32));
+      const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c))));
+      const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c + 1))));
       // Pairs q·x are at most 2·15·127 = 3810; times a scale < 64, twice, far inside int32.
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0),
-                                           _mm256_set1_epi16(sc[2 * c]));
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1),
-                                           _mm256_set1_epi16(sc[2 * c + 1]));
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0), s0);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1), s1);
       isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
     }
-    msum = 0;
-    for (int j = 0; j < 8; ++j) msum += int32_t(mn[j]) * (int32_t(sums[2 * j]) + sums[2 * j + 1]);
-  }
-
-  // acc (8 lanes) += d·dx·isum; fixed -= dmin·dx·msum.
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256& acc,
-                                                                   float& fixed) {
-    __m256i isum;
-    int32_t msum;
-    dot(blk, xq, sums, isum, msum);
+    // Each min twice, against the sums of the two 16-element halves of its sub-block.
+    const __m128i m16 = _mm_cvtepu8_epi16(mn8);
+    const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
+    const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
-    fixed -= load_fp16(blk + 2) * dx * float(msum);
+    acc = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_cvtepi32_ps(msum), acc);
   }
 };
 
@@ -140,9 +130,10 @@ struct Q6K {
   static constexpr int64_t kBytes = 210;
 
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256& acc,
-                                                                   float& fixed) {
-    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+                                                                   const int16_t* sums, float dx, __m256& acc) {
+    // The sixteen scales as int16: half h's eight in both 128-bit halves of scales[h].
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    const __m256i scales[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00), _mm256_permute2x128_si256(sc16, sc16, 0x11)};
     const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
@@ -155,18 +146,18 @@ struct Q6K {
       for (int i = 0; i < 4; ++i) {
         const __m256i q = _mm256_or_si256(nibble[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), two), 4));
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * i));
-        // Elements 0-15 of the quarter (the low 128 bits) take one scale, 16-31 the next. Pairs
-        // q·x are at most 2·63·127 = 16002.
-        const int j = 8 * h + 2 * i;
-        const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]));
+        // Elements 0-15 of the quarter (the low 128 bits) take scale 2i of the half, 16-31 scale
+        // 2i + 1: one byte shuffle spreads them. Pairs q·x are at most 2·63·127 = 16002.
+        const __m256i scale = _mm256_shuffle_epi8(
+            scales[h], _mm256_setr_m128i(_mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i))),
+                                         _mm_set1_epi16(short(0x0100 + 0x0202 * (2 * i + 1)))));
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), scale));
       }
     }
-    int32_t bias = 0;  // Σ_j sc_j·Σ xq, for the -32 every quant carries
-    for (int j = 0; j < 16; ++j) bias += int32_t(sc[j]) * sums[j];
-    const float d = load_fp16(blk + 208) * dx;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-    fixed -= d * float(32 * bias);
+    // Σ_j sc_j·Σ xq times 32, for the -32 every quant carries (|32·sc·Σ xq| <= 32·128·2032 per lane).
+    const __m256i bias = _mm256_slli_epi32(
+        _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums))), 5);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk + 208) * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, bias)), acc);
   }
 };
 
@@ -181,18 +172,16 @@ __attribute__((target("avx2,fma,f16c"))) void gemm_rows(const KQuantX& xq, int64
     const int64_t rows = std::min(kRowsPerTile, j1 - j);
     for (int64_t i = 0; i < m; ++i) {
       __m256 acc[kRowsPerTile];
-      float fixed[kRowsPerTile] = {};
       for (auto& a : acc) a = _mm256_setzero_ps();
       for (int64_t b = 0; b < supers; ++b) {
         const int8_t* x = xq.q.data() + i * k + b * kSuper;
         const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
         const float dx = xq.d[size_t(i * supers + b)];
         for (int64_t r = 0; r < rows; ++r) {
-          Format::accumulate(base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes), x, sums, dx, acc[r],
-                             fixed[r]);
+          Format::accumulate(base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes), x, sums, dx, acc[r]);
         }
       }
-      for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]) + fixed[r];
+      for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
     }
   }
 }
