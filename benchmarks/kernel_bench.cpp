@@ -148,7 +148,7 @@ void BM_GemvStream(benchmark::State& state) {
   state.SetLabel(std::string(scheme.label) + " (" + linears.front()->format() + ", " +
                  std::to_string(omp_get_max_threads()) + " threads)");
 }
-BENCHMARK(BM_GemvStream)->DenseRange(0, 5)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemvStream)->DenseRange(0, 7)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A 110m decode step's GEMVs, 12 layers of q, k, v, o (768x768), gate, up (2048x768) and down
 // (768x2048), against the same layers with q|k|v and gate|up concatenated (4 GEMVs a layer instead

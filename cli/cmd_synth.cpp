@@ -30,7 +30,9 @@ DType parse_dtype(const std::string& s) {
   if (s == "bf16") return DType::BF16;
   if (s == "q8_0") return DType::Q8_0;
   if (s == "q4_0") return DType::Q4_0;
-  throw Error("--dtype '" + s + "' is not supported (f32, f16, bf16, q8_0, q4_0)");
+  if (s == "q4_k") return DType::Q4_K;
+  if (s == "q6_k") return DType::Q6_K;
+  throw Error("--dtype '" + s + "' is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
 }
 
 std::string human_bytes(double b) {
@@ -84,7 +86,10 @@ void add_synth_command(CLI::App& app) {
   for (const auto& p : synth_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   CLI::App* cmd = app.add_subcommand("synth", "Write a synthetic llama GGUF (random weights) of a given shape");
   cmd->add_option("--preset", a->preset, "shape preset: " + presets)->capture_default_str();
-  cmd->add_option("--dtype", a->dtype, "weight type: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k (matrices whose rows are not whole "
+                  "blocks stay f32)")
+      ->capture_default_str();
   cmd->add_option("-o,--output", a->output, "GGUF file to write")->required();
   cmd->add_option("--seed", a->seed, "weight seed (default 0)");
   cmd->add_option("--dim", a->dim, "embedding size");

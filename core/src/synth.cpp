@@ -193,12 +193,15 @@ DType matrix_dtype(DType want, int64_t row_length) {
   return row_length % dtype_block_elems(want) == 0 ? want : DType::F32;
 }
 
-uint32_t file_type(DType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q4_0, MOSTLY_Q8_0, MOSTLY_BF16
+// llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q4_0, MOSTLY_Q8_0, MOSTLY_Q4_K_S, MOSTLY_Q6_K, MOSTLY_BF16
+uint32_t file_type(DType t) {
   switch (t) {
     case DType::F32: return 0;
     case DType::F16: return 1;
     case DType::Q4_0: return 2;
     case DType::Q8_0: return 7;
+    case DType::Q4_K: return 14;
+    case DType::Q6_K: return 18;
     case DType::BF16: return 32;
     default: return 0;
   }
@@ -269,7 +272,7 @@ void validate_synth_spec(const SynthSpec& s) {
   }
   if (file_type(s.dtype) == 0 && s.dtype != DType::F32) {
     throw Error("synth: dtype " + std::string(dtype_name(s.dtype)) +
-                " is not supported (supported: f32, f16, bf16, q8_0, q4_0)");
+                " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
   }
 }
 

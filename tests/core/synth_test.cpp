@@ -307,6 +307,43 @@ TEST(QuantizeBlocks, Q8_0AndQ4_0StayWithinTheirErrorBounds) {
   }
 }
 
+TEST(QuantizeBlocks, KQuantsStayWithinTheirStepsAndRoundTripThroughTheReader) {
+  for (float scale : {1e-3f, 0.02f, 1.0f, 300.0f}) {
+    const int64_t n = 256 * 8;
+    std::vector<float> x = random_floats(n, 11, scale);
+    std::fill(x.begin() + 256, x.begin() + 512, 0.0f);        // an all-zero super-block
+    for (int i = 512; i < 768; ++i) x[size_t(i)] = std::fabs(x[size_t(i)]);  // one with no negatives
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " scale " + std::to_string(scale));
+      std::vector<uint8_t> q(dtype_row_bytes(t, n));
+      quantize_row(t, x.data(), q.data(), n);
+      std::vector<float> y(n);
+      dequantize_row(t, q.data(), y.data(), n);
+      // Per sub-block (32 for Q4_K, 16 for Q6_K) the error stays within a few steps of its range
+      // (half a step, plus the 6- or 8-bit rounding of the sub-block's scale and min).
+      const int64_t sub = t == DType::Q4_K ? 32 : 16;
+      const float levels = t == DType::Q4_K ? 15.0f : 63.0f;
+      double err2 = 0, x2 = 0;
+      for (int64_t b = 0; b < n / sub; ++b) {
+        float lo = 0, hi = 0;
+        for (int64_t i = 0; i < sub; ++i) {
+          lo = std::min(lo, x[size_t(b * sub + i)]);
+          hi = std::max(hi, x[size_t(b * sub + i)]);
+        }
+        const float step = (hi - lo) / levels;
+        for (int64_t i = 0; i < sub; ++i) {
+          const float xi = x[size_t(b * sub + i)], err = std::fabs(y[size_t(b * sub + i)] - xi);
+          ASSERT_LE(err, 2.0f * step + 1e-30f) << "element " << b * sub + i << " x " << xi;
+          err2 += double(err) * err;
+          x2 += double(xi) * xi;
+        }
+      }
+      EXPECT_LT(std::sqrt(err2 / x2), t == DType::Q4_K ? 0.12 : 0.03);
+      for (int i = 256; i < 512; ++i) EXPECT_EQ(y[size_t(i)], 0.0f);
+    }
+  }
+}
+
 TEST(QuantizeBlocks, FloatFormatsRoundTrip) {
   const std::vector<float> x = {0.0f, 1.0f, -2.5f, 65504.0f, 1e-3f, 3.14159f, -1e-7f, 1e30f};
   std::vector<float> y(x.size());
@@ -326,12 +363,14 @@ TEST(QuantizeBlocks, FloatFormatsRoundTrip) {
 TEST(QuantizeBlocks, RefusesFormatsItCannotWriteAndPartialBlocks) {
   std::vector<float> x(256);
   std::vector<uint8_t> out(1024);
-  EXPECT_FALSE(quantize_supported(DType::Q4_K));
-  EXPECT_THAT(message_of([&] { quantize_row(DType::Q4_K, x.data(), out.data(), 256); }),
-              HasSubstr("cannot quantize f32 to q4_k"));
+  EXPECT_FALSE(quantize_supported(DType::I32));
+  EXPECT_THAT(message_of([&] { quantize_row(DType::I32, x.data(), out.data(), 8); }),
+              HasSubstr("cannot quantize f32 to int32"));
   EXPECT_THAT(message_of([&] { quantize_row(DType::I8, x.data(), out.data(), 8); }), HasSubstr("int8"));
   EXPECT_THAT(message_of([&] { quantize_row(DType::Q8_0, x.data(), out.data(), 48); }),
               HasSubstr("not a whole number of q8_0 blocks"));
+  EXPECT_THAT(message_of([&] { quantize_row(DType::Q4_K, x.data(), out.data(), 128); }),
+              HasSubstr("not a whole number of q4_k"));
 }
 
 // ---------------------------------------------------------------- presets and vocabulary
@@ -519,6 +558,10 @@ TEST_P(SynthDtype, TinyPresetLoadsAndGenerates) {
   SynthSpec spec = synth_preset("tiny");
   spec.dtype = GetParam();
   spec.seed = 7;
+  if (dtype_block_elems(spec.dtype) == 256) {  // k-quants: rows of whole super-blocks, ffn_down too
+    spec.dim = 256;
+    spec.ffn_dim = 512;
+  }
   const std::string path = dir.file("tiny.gguf");
   write_synthetic_model(spec, path);
   const auto f = GgufFile::open(path);
@@ -528,6 +571,8 @@ TEST_P(SynthDtype, TinyPresetLoadsAndGenerates) {
     case DType::F16: EXPECT_EQ(ftype, 1); break;
     case DType::Q4_0: EXPECT_EQ(ftype, 2); break;
     case DType::Q8_0: EXPECT_EQ(ftype, 7); break;
+    case DType::Q4_K: EXPECT_EQ(ftype, 14); break;
+    case DType::Q6_K: EXPECT_EQ(ftype, 18); break;
     case DType::BF16: EXPECT_EQ(ftype, 32); break;
     default: FAIL();
   }
@@ -543,13 +588,12 @@ TEST_P(SynthDtype, TinyPresetLoadsAndGenerates) {
   EXPECT_EQ(f->find("tokenizer.ggml.token_type")->elem_type, GgufType::INT32);
   EXPECT_EQ(f->find("tokenizer.ggml.scores")->elem_type, GgufType::FLOAT32);
   EXPECT_EQ(f->tensors().size(), 3u + 9u * 2u);
-  const bool block = spec.dtype == DType::Q8_0 || spec.dtype == DType::Q4_0;
   for (const GgufTensor& t : f->tensors()) {
     SCOPED_TRACE(t.name);
     EXPECT_EQ(t.offset % 32, 0u);
     if (t.shape.size() == 1) {
       EXPECT_EQ(t.dtype, DType::F32);  // norms
-    } else if (block && t.shape[0] % 32 != 0) {
+    } else if (t.shape[0] % dtype_block_elems(spec.dtype) != 0) {
       EXPECT_EQ(t.dtype, DType::F32);  // ffn_down: rows of 172
       EXPECT_NE(t.name.find("ffn_down"), std::string::npos);
     } else {
@@ -560,7 +604,8 @@ TEST_P(SynthDtype, TinyPresetLoadsAndGenerates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SynthDtype,
-                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0),
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0,
+                                           DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(Synth, OverridesShapeTheModel) {

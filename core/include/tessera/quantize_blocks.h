@@ -1,6 +1,7 @@
 // Float rows to storage formats: the inverse of dequantize_row for the formats a writer needs.
 // Q8_0 and Q4_0 follow ggml's reference quantizers (quantize_row_q8_0_ref / _q4_0_ref), so files
-// written with them hold the same blocks llama.cpp would write for the same floats.
+// written with them hold the same blocks llama.cpp would write for the same floats. Q4_K and Q6_K
+// write ggml's layouts from a plain range fit (see quantize_blocks.cpp), not its scale search.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 namespace tessera {
 
-// True for the formats quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0.
+// True for the formats quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.
 bool quantize_supported(DType t);
 
 // Converts n floats to one row of `t` at dst (dtype_row_bytes(t, n) bytes). Throws Error for other
