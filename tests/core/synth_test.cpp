@@ -407,7 +407,7 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   EXPECT_THAT(bad([](SynthSpec& s) { s.dim = 36; s.n_heads = 4; s.n_kv_heads = 4; }),
               HasSubstr("head size dim/heads = 9 must be even"));
   EXPECT_THAT(bad([](SynthSpec& s) { s.rope_theta = 0; }), HasSubstr("rope_theta"));
-  EXPECT_THAT(bad([](SynthSpec& s) { s.dtype = DType::Q4_K; }), HasSubstr("dtype q4_k is not supported"));
+  EXPECT_THAT(bad([](SynthSpec& s) { s.dtype = DType::I8; }), HasSubstr("dtype int8 is not supported"));
   TempDir dir;
   SynthSpec s = synth_preset("tiny");
   s.n_heads = 5;
