@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <ctime>
 #include <iostream>
 #include <random>
@@ -70,9 +71,12 @@ HttpServer::~HttpServer() = default;
 int HttpServer::bind() {
   // httplib 0.11 listens with a backlog of 5: a burst of clients connecting at once overflows it and
   // the kernel resets the surplus connections. Linux lets listen() be called again to enlarge it.
+  // Not httplib's default options: they add SO_REUSEPORT, with which a second server binds the same
+  // port and the kernel splits the connections between the two.
   int listen_fd = -1;
   svr_->set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     listen_fd = sock;
   });
   int port = config_.port;
@@ -133,6 +137,23 @@ void HttpServer::routes() {
   s.set_tcp_nodelay(true);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // httplib reads a body without a length until the connection closes (the read timeout, for a
+    // client waiting on its answer): a request that has no length has no body, so say so at once.
+    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE") {
+      const std::string length = req.get_header_value("Content-Length");
+      const bool digits = !length.empty() && length.size() <= 18 &&
+                          std::all_of(length.begin(), length.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!length.empty() && !digits) {
+        send_error(res, ApiError(400, "invalid Content-Length '" + length + "'", "", "invalid_request"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (length.empty() && !req.has_header("Transfer-Encoding")) {
+        send_error(res, ApiError(400, req.method + " " + req.path +
+                                          " without a body: send one with Content-Length or Transfer-Encoding: chunked",
+                                 "", "invalid_request"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
@@ -144,12 +165,21 @@ void HttpServer::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::completions, req, res);
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::chat, req, res);
-  });
+  // Bodies through a content reader: httplib's own reading caps bodies sent as form data (what
+  // `curl -d` declares) at 8 KiB; the reader is held to server.max_body_bytes alone.
+  auto post = [this](Endpoint endpoint) {
+    return [this, endpoint](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+      std::string body;
+      const bool whole = read([&body](const char* data, size_t n) {
+        body.append(data, n);
+        return true;
+      });
+      if (!whole) return;  // too large or cut off: httplib set the status, the error handler answers
+      generate(endpoint, body, res);
+    };
+  };
+  s.Post("/v1/completions", post(Endpoint::completions));
+  s.Post("/v1/chat/completions", post(Endpoint::chat));
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
@@ -327,12 +357,12 @@ class HttpServer::Admission {
   bool held_ = false;
 };
 
-void HttpServer::generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+void HttpServer::generate(Endpoint endpoint, const std::string& body, httplib::Response& res) {
   std::string user;
   Admission admission(*this);
   try {
     if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down", "server_error");
-    OpenAiRequest r = parse_openai_request(endpoint, req.body);
+    OpenAiRequest r = parse_openai_request(endpoint, body);
     user = r.user;
     if (!r.model.empty() && r.model != config_.model_name) {
       throw ApiError(404, "model '" + r.model + "' does not exist; this server serves '" + config_.model_name + "'",

@@ -158,6 +158,49 @@ TEST_F(Serve, SeededSamplingRepeatsAndTemperatureChangesTheText) {
   EXPECT_NE(a["choices"][0]["text"], kStoryContinuation);
 }
 
+TEST_F(Serve, ABodySentAsFormDataIsReadWholeUpToTheLimit) {
+  // `curl -d` declares its body application/x-www-form-urlencoded; a JSON body past httplib's 8 KiB
+  // form limit is still read whole (server.max_body_bytes is the limit).
+  auto c = server_->client();
+  const std::string body = json({{"prompt", kStory}, {"max_tokens", 12}}).dump() + std::string(9000, ' ');
+  auto res = c.Post("/v1/completions", body, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], kStoryContinuation);
+}
+
+TEST_F(Serve, ABodyWithoutALengthIsRefusedAtOnce) {
+  // A request with no Content-Length (or a bad one) has no body to wait for: 400 at once, not at the
+  // read timeout (30 s).
+  for (const std::string headers : {"", "Content-Length: -5\r\n"}) {
+    SCOPED_TRACE(headers);
+    test::RawConnection raw(server_->port());
+    const auto start = std::chrono::steady_clock::now();
+    raw.send_raw("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + "\r\n");
+    const std::string reply = raw.read_until("}", std::chrono::seconds(10));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_NE(reply.find("HTTP/1.1 400"), std::string::npos) << reply;
+    EXPECT_NE(reply.find(headers.empty() ? "without a body" : "invalid Content-Length '-5'"), std::string::npos)
+        << reply;
+  }
+}
+
+TEST_F(Serve, ASecondServerCannotTakeThePort) {
+  // Without SO_REUSEPORT the bind fails, instead of the kernel splitting connections between two
+  // servers (possibly of different models).
+  const std::string port = std::to_string(server_->port());
+  const std::string cmd = std::string("'") + TESSERA_BINARY + "' serve --threads 1 --port " + port + " -p '" +
+                          test::serve_pipeline(*dir_, "", "second.yaml") + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("cannot bind to 127.0.0.1:" + port), std::string::npos) << out;
+}
+
 TEST_F(Serve, ModelsHealthAndMetrics) {
   auto c = server_->client();
   auto models = c.Get("/v1/models");

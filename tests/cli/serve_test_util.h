@@ -223,9 +223,11 @@ class RawConnection {
   }
   ~RawConnection() { close(); }
   void post(const std::string& path, const std::string& body) {
-    const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-    if (::send(fd_, req.data(), req.size(), MSG_NOSIGNAL) != ssize_t(req.size())) throw Error("send failed");
+    send_raw("POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  }
+  void send_raw(const std::string& bytes) {
+    if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != ssize_t(bytes.size())) throw Error("send failed");
   }
   // Reads until `needle` has arrived (or the timeout); returns everything read so far.
   std::string read_until(const std::string& needle, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
