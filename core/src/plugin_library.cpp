@@ -1,14 +1,57 @@
 #include "plugin_library.h"
 
+#include <elf.h>
+
 #include <cstddef>
+#include <cstring>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "tessera/error.h"
 
 namespace tessera {
 
+namespace {
+
+// dlopen maps a library's segments as its headers describe them; a file cut short (an interrupted
+// build or copy) then faults with SIGBUS on first touch instead of failing the load. So the headers
+// and every loaded segment must lie inside the file before dlopen sees it.
+void check_elf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read plugin library");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  Elf64_Ehdr eh{};
+  if (size < sizeof eh || !in.read(reinterpret_cast<char*>(&eh), sizeof eh) ||
+      std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_type != ET_DYN) {
+    throw Error(path + ": not a 64-bit ELF shared library (" + std::to_string(size) + " bytes)");
+  }
+  auto truncated = [&](uint64_t needed) {
+    return Error(path + ": truncated plugin library: its headers need " + std::to_string(needed) +
+                 " bytes but the file has " + std::to_string(size) + " (an interrupted build or copy?)");
+  };
+  const uint64_t ph_end = eh.e_phoff + uint64_t(eh.e_phnum) * eh.e_phentsize;
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || ph_end > size) throw truncated(ph_end);
+  if (eh.e_shoff != 0 && eh.e_shoff + uint64_t(eh.e_shnum) * eh.e_shentsize > size) {
+    throw truncated(eh.e_shoff + uint64_t(eh.e_shnum) * eh.e_shentsize);
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  in.seekg(std::streamoff(eh.e_phoff));
+  if (!in.read(reinterpret_cast<char*>(ph.data()), std::streamsize(ph.size() * sizeof(Elf64_Phdr)))) {
+    throw truncated(ph_end);
+  }
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type == PT_LOAD && p.p_offset + p.p_filesz > size) throw truncated(p.p_offset + p.p_filesz);
+  }
+}
+
+}  // namespace
+
 PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.string()) {
   if (!std::filesystem::exists(path)) throw Error(path_ + ": plugin library not found");
+  check_elf_file(path_);
   boost::dll::fs::error_code ec;
   library_.load(path, ec, boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
   if (ec) throw Error(path_ + ": cannot load plugin library: " + ec.message());
