@@ -83,8 +83,9 @@ void run(const RunArgs& args) {
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& r = results[i];
     const Model& model = pipeline->model();
-    const double prefill_s = r.first_token - r.admitted;
-    const double decode_s = r.finished - r.first_token;
+    // A request that ends before its first token (-n 0, an error) has no prefill or decode timing.
+    const double prefill_s = r.tokens.empty() ? 0.0 : r.first_token - r.admitted;
+    const double decode_s = r.tokens.size() < 2 ? 0.0 : r.finished - r.first_token;
     const double prefill_tps = rate(double(r.prompt.size()), prefill_s);
     const double decode_tps = rate(double(r.tokens.size()) - 1, decode_s);
     if (args.format == "json") {

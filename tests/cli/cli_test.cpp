@@ -38,6 +38,19 @@ TEST(Cli, RunJsonGivesTokensTextAndTimingsPerPrompt) {
   EXPECT_GT(lines[0]["weight_bytes"].get<int64_t>(), 1000000);
 }
 
+TEST(Cli, RunWithoutDecodedTokensReportsZeroRatesNotNegativeOnes) {
+  // -n 0 ends before the first token, -n 1 right after it: no decode phase to time.
+  for (const char* n : {"0", "1"}) {
+    const Output o = tessera_cmd(std::string("run --format json -n ") + n + " Hi");
+    ASSERT_EQ(o.status, 0) << o.text;
+    const auto t = nlohmann::json::parse(o.text.substr(o.text.find('{')))["timings"];
+    for (const char* key : {"decode_tokens_per_s", "decode_seconds", "decode_weight_gb_per_s", "prefill_seconds"}) {
+      EXPECT_GE(t[key].get<double>(), 0.0) << "-n " << n << " " << key;
+    }
+    EXPECT_EQ(t["decode_tokens_per_s"], 0.0) << "-n " << n;
+  }
+}
+
 TEST(Cli, ModelFlagOverridesThePipeline) {
   const Output o = tessera_cmd("run --format json -n 4 -m '" + test::kAidreamsF32 + "'");
   ASSERT_EQ(o.status, 0) << o.text;
