@@ -160,8 +160,12 @@ bool Engine::step() {
         // Nothing runs and nothing was admitted: even an empty cache cannot hold the oldest request.
         // Fail that request alone; the others go on.
         Sequence& s = *waiting_.front();
+        const CacheStats cs = cache.stats();
         s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
-                         " tokens); give the cache more memory or a longer max_len";
+                         " tokens, up to " + std::to_string(s.max_total) + " with the tokens to generate) in " +
+                         std::to_string(cs.blocks_total) + " blocks of " + std::to_string(cs.block_size) +
+                         " tokens; give the cache more memory or a longer max_len, ask for fewer tokens, or "
+                         "lower the scheduler's admission_reserve";
         finish(s, FinishReason::error);
         waiting_.erase(waiting_.begin());
       }

@@ -140,7 +140,10 @@ TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
   for (const auto& r : engine.take_finished()) {
     if (r.id == bad) {
       EXPECT_EQ(r.reason, FinishReason::error);
-      EXPECT_NE(r.error.find("cannot hold this request (20 tokens)"), std::string::npos) << r.error;
+      EXPECT_NE(r.error.find("cannot hold this request (20 tokens, up to 24 with the tokens to generate) in "),
+                std::string::npos)
+          << r.error;
+      EXPECT_NE(r.error.find(" blocks of 16 tokens"), std::string::npos) << r.error;
     } else {
       EXPECT_EQ(r.id, good);
       EXPECT_EQ(r.tokens, (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
