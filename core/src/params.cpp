@@ -61,6 +61,7 @@ int64_t parse_size(std::string_view text) {
   else if (unit == "MB") scale = 1e6;
   else if (unit == "GB") scale = 1e9;
   else throw Error("'" + original + "': unknown size unit '" + unit + "' (use B, KiB, MiB, GiB, KB, MB, GB)");
+  if (value * scale >= 9.2e18) throw Error("'" + original + "' is too large a size");
   return static_cast<int64_t>(std::llround(value * scale));
 }
 
@@ -76,7 +77,13 @@ nlohmann::json coerce(const ParamSpec& spec, const nlohmann::json& v, const std:
   switch (spec.type) {
     case ParamType::integer:
       if (v.is_number_integer()) return v;
-      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return int64_t(v.get<double>());
+      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+        // A whole number past int64 (YAML's 99999999999999999999 reads as a double) is out of range.
+        if (std::fabs(v.get<double>()) >= 9.2e18) {
+          throw Error(where + ": parameter '" + spec.name + "' is " + show(v) + ", outside the 64-bit integer range");
+        }
+        return int64_t(v.get<double>());
+      }
       return fail();
     case ParamType::number:
       if (v.is_number()) return v.get<double>();

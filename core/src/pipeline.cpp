@@ -66,7 +66,17 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
 
   auto create = [&]<class T>(ComponentKind kind, std::shared_ptr<T>& out) {
     const ComponentSpec& c = spec.components.at(kind);
-    out = registry.create<T>(c.plugin, c.params, c.where + ": " + std::string(kind_name(kind)) + " " + c.plugin);
+    const std::string who = std::string(kind_name(kind)) + " " + c.plugin;
+    const std::string where = c.where.empty() ? who : c.where + ": " + who;
+    try {
+      out = registry.create<T>(c.plugin, c.params, where);
+    } catch (const Error& e) {
+      // Parameter validation names the file and line already; a plugin's own checks name at most
+      // the plugin.
+      const std::string msg = e.what();
+      if (msg.rfind(where, 0) == 0) throw;
+      throw Error(where + ": " + (msg.rfind(who + ": ", 0) == 0 ? msg.substr(who.size() + 2) : msg));
+    }
   };
   create(ComponentKind::quantizer, p->quantizer_);
   create(ComponentKind::attention, p->attention_);

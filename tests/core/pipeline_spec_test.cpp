@@ -126,6 +126,25 @@ TEST_F(PipelineSpecTest, MissingFilesAreNamed) {
   }
 }
 
+TEST_F(PipelineSpecTest, APluginsOwnRefusalNamesTheLineOfItsComponent) {
+  // Values of the right type that the plugin itself refuses (a range, a combination) name the
+  // component's line too, and the component once.
+  const std::string model = "model: " + test::kStoriesF32 + "\nbackend: cpu\ncomponents:\n";
+  for (const auto& [component, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"  cache: { plugin: paged, block_size: -16 }\n", "c.yaml:4: cache paged: block_size must be in 1..1024"},
+           {"  scheduler: { plugin: fcfs, max_seqs: 0 }\n", "c.yaml:4: scheduler fcfs: max_seqs must be >= 1"},
+           {"  decoder: { plugin: speculative, proposer: ngram, window: 0 }\n",
+            "c.yaml:4: decoder speculative: window=0 must be in 1..64"}}) {
+    const std::string path = write("c.yaml", model + component);
+    try {
+      Pipeline::build(load_pipeline_spec(path), test::plugins());
+      ADD_FAILURE() << component;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(PipelineSpecTest, UnknownBackendIsRefused) {
   const std::string path = write("b.yaml", "model: " + test::kStoriesF32 + "\nbackend: tpu\n");
   try {
