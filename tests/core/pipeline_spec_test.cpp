@@ -84,6 +84,14 @@ TEST_F(PipelineSpecTest, IllTypedParameterNamesItsLineAndValue) {
   EXPECT_NE(msg.find("lots"), std::string::npos) << msg;
 }
 
+TEST_F(PipelineSpecTest, NumbersPastSixtyFourBitsAreRefusedNotWrapped) {
+  std::string msg = error_of("components:\n  cache: { plugin: paged, block_size: 99999999999999999999 }\n");
+  EXPECT_NE(msg.find("p.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'block_size' is 1e+20, outside the 64-bit integer range"), std::string::npos) << msg;
+  msg = error_of("components:\n  cache: { plugin: paged, memory: 99999999999GiB }\n");
+  EXPECT_NE(msg.find("'99999999999GiB' is too large a size"), std::string::npos) << msg;
+}
+
 TEST_F(PipelineSpecTest, UnknownPluginNamesItsLineAndTheAlternatives) {
   const std::string msg = error_of("model: x.gguf\ncomponents:\n  quantizer: { plugin: int9 }\n");
   EXPECT_NE(msg.find("p.yaml:3"), std::string::npos) << msg;
