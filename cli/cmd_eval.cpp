@@ -85,9 +85,19 @@ void eval(const EvalArgs& args) {
     base_args.pipeline = args.baseline;
     if (!args.baseline_model.empty()) base_args.model = args.baseline_model;
     auto baseline = build_pipeline(registry, base_args);
-    if (baseline->tokenizer().vocab_size() != tok.vocab_size()) {
-      throw Error("the baseline's vocabulary (" + std::to_string(baseline->tokenizer().vocab_size()) +
-                  " tokens) differs from the pipeline's (" + std::to_string(tok.vocab_size()) + "): not comparable");
+    // Perplexities and agreement compare token ids: both models must give them the same meaning.
+    const Tokenizer& base_tok = baseline->tokenizer();
+    if (base_tok.vocab_size() != tok.vocab_size()) {
+      throw Error("the baseline's vocabulary (" + std::to_string(base_tok.vocab_size()) + " tokens, " +
+                  baseline->model_path() + ") differs from the pipeline's (" + std::to_string(tok.vocab_size()) +
+                  " tokens, " + pipeline->model_path() + "): perplexities would not be comparable");
+    }
+    for (int32_t id = 0; id < int32_t(tok.vocab_size()); ++id) {
+      if (base_tok.token_to_piece(id) != tok.token_to_piece(id)) {
+        throw Error("vocabulary mismatch: token " + std::to_string(id) + " is '" + tok.token_to_piece(id) + "' in " +
+                    pipeline->model_path() + " but '" + base_tok.token_to_piece(id) + "' in the baseline's " +
+                    baseline->model_path() + ": perplexities would not be comparable");
+      }
     }
     const PerplexityResult b = perplexity(*baseline, tokens, args.ctx);
     std::vector<std::vector<int32_t>> prompts;

@@ -141,6 +141,16 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 namespace tessera {
 namespace {
 
+TEST(Cli, EvalRefusesABaselineWhoseVocabularyDiffers) {
+  // stories260K and aidreams260K both have 512 tokens, with different meanings.
+  const Output o = tessera_cmd("eval --text '" + test::kShared + "/eval/tiny_stories_eval.txt' --baseline '" +
+                               std::string(TESSERA_SOURCE_DIR) + "/pipelines/default.yaml' --baseline-model '" +
+                               test::kAidreamsF32 + "'");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("vocabulary mismatch: token "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("aidreams260K-f32.gguf"), std::string::npos) << o.text;
+}
+
 TEST(Cli, EvalAgainstABaselineReportsDeltaAndAgreement) {
   const std::string text = "--text '" + test::kShared + "/eval/tiny_stories_eval.txt'";
   // Against itself: no delta, full agreement.
