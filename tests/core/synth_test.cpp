@@ -413,6 +413,13 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   s.n_heads = 5;
   EXPECT_THAT(message_of([&] { write_synthetic_model(s, dir.file("x.gguf")); }), HasSubstr("does not divide"));
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+  // A mistyped size that no disk holds is refused at once, before any work.
+  s = synth_preset("tiny");
+  s.dim = 16777216;
+  s.vocab = 16777216;
+  EXPECT_THAT(message_of([&] { write_synthetic_model(s, dir.file("x.gguf")); }),
+              testing::AllOf(HasSubstr("synth: the model would take about"), HasSubstr("MiB free in " + dir.path())));
+  EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
 }
 
 TEST(Synth, VocabularyIsDistinctTypedRankedAndDeterministic) {
