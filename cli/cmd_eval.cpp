@@ -1,12 +1,12 @@
 // tessera eval: perplexity of a pipeline on a text file and, with --baseline, how far it moves
 // from a baseline pipeline (perplexity delta, teacher-forced and greedy agreement).
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 #include "tessera/eval.h"
 
 namespace tessera::cli {
@@ -23,14 +23,6 @@ struct EvalArgs {
   int64_t greedy_tokens = 96;
   std::string format = "text";
 };
-
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open the " + what);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Prompts for greedy agreement: a JSON list (strings, or objects with "prompt" as in the golden
 // files) or a text file with one prompt per line.

@@ -5,14 +5,15 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
 #include "serve/http_server.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 #include "tessera/gguf.h"
 
 namespace tessera::cli {
@@ -28,8 +29,7 @@ struct ServeArgs {
 };
 
 std::string read_api_key(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(file + ": cannot read the API key file");
+  std::istringstream in(read_file(file, "API key file"));
   std::string key;
   std::getline(in, key);
   while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();

@@ -19,6 +19,7 @@
 #include "tessera/bench/trace.h"
 #include "tessera/bench/workload.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 #include "tessera/eval.h"
 #include "tessera/pipeline.h"
 
@@ -84,13 +85,7 @@ std::string unique_name(const std::string& file, const std::vector<PipelineRun>&
   return candidate;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open the accuracy text");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_file(path, "accuracy text"); }
 
 // Perplexity, teacher-forced and greedy agreement of every pipeline against the reference, through
 // the eval path. Each pipeline is rebuilt here, after the timed runs, so that timings and peak

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "tessera/bench/rng.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 #include "tessera/tokenizer.h"
 
 namespace tessera::bench {
@@ -20,11 +19,11 @@ class TextSource {
  public:
   TextSource(const Workload& w, const Tokenizer& tok) {
     if (w.prompts.from_file) {
-      std::ifstream in(w.prompts.path, std::ios::binary);
-      if (!in) throw Error(w.path + ": cannot read the prompt text file " + w.prompts.path);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      stream_ = tok.encode(ss.str(), false);
+      try {
+        stream_ = tok.encode(read_file(w.prompts.path, "prompt text file"), false);
+      } catch (const Error& e) {
+        throw Error(w.path + ": " + e.what());
+      }
       if (stream_.size() < 16) {
         throw Error(w.path + ": the prompt text file " + w.prompts.path + " has only " +
                     std::to_string(stream_.size()) + " tokens");

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include "tessera/bench/rng.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 
 namespace tessera::bench {
 
@@ -310,13 +310,7 @@ Workload parse_workload(const std::string& text, const std::string& path) {
   return w;
 }
 
-Workload load_workload(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": workload file not found");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_workload(ss.str(), path);
-}
+Workload load_workload(const std::string& path) { return parse_workload(read_file(path, "workload file"), path); }
 
 std::vector<std::string> check_context(const Workload& w, int64_t context, const std::string& model) {
   std::vector<std::string> clamped;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 #include "tessera/registry.h"
 
 namespace tessera {
@@ -113,13 +114,13 @@ void merge_component(ComponentSpec& base, ComponentSpec over) {
 PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   std::error_code ec;
   const std::string canon = fs::weakly_canonical(path, ec).string();
-  if (!fs::exists(path)) throw Error(path + ": pipeline file not found");
+  const std::string text = read_file(path, "pipeline file");
   if (chain.count(canon)) throw Error(path + ": 'extends' forms a cycle");
   chain.insert(canon);
 
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }

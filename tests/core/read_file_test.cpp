@@ -1,0 +1,33 @@
+// read_file: the whole file, or an error naming the file and what it was meant to be.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include "test_util.h"
+#include "tessera/error.h"
+#include "tessera/read_file.h"
+
+namespace tessera {
+namespace {
+
+using testing::HasSubstr;
+
+std::string message_of(const std::string& path) {
+  try {
+    read_file(path, "pipeline file");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ReadFile, ReturnsEveryByteAndNamesWhatIsWrongOtherwise) {
+  test::TempDir dir;
+  const std::string bytes("a\0b\r\nlast", 9);
+  EXPECT_EQ(read_file(dir.write("f.yaml", bytes), "pipeline file"), bytes);
+  EXPECT_EQ(read_file(dir.write("empty.yaml", ""), "pipeline file"), "");
+  EXPECT_EQ(message_of(dir.path() + "/none.yaml"), dir.path() + "/none.yaml: pipeline file not found");
+  EXPECT_EQ(message_of(dir.path()), dir.path() + ": is a directory; expected the pipeline file");
+}
+
+}  // namespace
+}  // namespace tessera
