@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "commands.h"
 #include "tessera/error.h"
 
 #ifndef TESSERA_SOURCE_DIR
@@ -49,5 +50,23 @@ std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const Pipelin
   options.threads = args.threads;
   return Pipeline::build(spec, registry, options);
 }
+
+namespace {
+
+CLI::Validator number_at_least(double low, bool strict, const std::string& name) {
+  return CLI::Validator(
+      [low, strict](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (strict ? v > low : v >= low) return "";
+        return "must be " + std::string(strict ? "> " : ">= ") + CLI::detail::to_string(low) + ", got " + text;
+      },
+      name);
+}
+
+}  // namespace
+
+const CLI::Validator kNonNegative = number_at_least(0, false, "NONNEGATIVE");
+const CLI::Validator kPositive = number_at_least(0, true, "POSITIVE");
 
 }  // namespace tessera::cli

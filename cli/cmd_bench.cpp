@@ -88,13 +88,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--out", o.out_dir, "folder for report.json, report.md and report.html")->required();
   cmd->add_option("-m,--model", o.model, "GGUF model for every pipeline (overrides theirs)");
   cmd->add_option("--backend", o.backend, "cpu, cuda, hip or auto (overrides the pipelines)");
-  cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")->check(kNonNegative);
   cmd->add_flag("--no-accuracy", args->no_accuracy, "skip the perplexity and greedy-agreement pass");
   cmd->add_option("--accuracy-text", o.accuracy_text, "text for perplexity (default: the workload's prompt file)");
-  cmd->add_option("--accuracy-ctx", o.accuracy_ctx, "perplexity chunk length in tokens")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--accuracy-chunks", o.accuracy_chunks, "perplexity chunks scored at most")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--accuracy-prompts", o.accuracy_prompts, "trace prompts for greedy agreement")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--accuracy-tokens", o.accuracy_tokens, "tokens per prompt for greedy agreement")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--accuracy-ctx", o.accuracy_ctx, "perplexity chunk length in tokens")->check(kPositive)->capture_default_str();
+  cmd->add_option("--accuracy-chunks", o.accuracy_chunks, "perplexity chunks scored at most")->check(kPositive)->capture_default_str();
+  cmd->add_option("--accuracy-prompts", o.accuracy_prompts, "trace prompts for greedy agreement")->check(kPositive)->capture_default_str();
+  cmd->add_option("--accuracy-tokens", o.accuracy_tokens, "tokens per prompt for greedy agreement")->check(kPositive)->capture_default_str();
   cmd->add_option("--probe-seconds", o.probe_seconds, "seconds for each machine probe (bandwidth, FMA)")
       ->check(CLI::Range(0.0, 10.0))->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");

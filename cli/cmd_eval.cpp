@@ -130,13 +130,13 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "Perplexity of a pipeline on a text file, optionally against a baseline");
   add_pipeline_options(*cmd, args->pipeline);
   cmd->add_option("--text", args->text, "text file to score")->required();
-  cmd->add_option("--ctx", args->ctx, "chunk length in tokens")->check(CLI::PositiveNumber);
+  cmd->add_option("--ctx", args->ctx, "chunk length in tokens")->check(kPositive);
   cmd->add_option("--baseline", args->baseline, "baseline pipeline to compare against");
   cmd->add_option("--baseline-model", args->baseline_model, "model for the baseline (default: -m, else its own)");
   cmd->add_option("--prompts", args->prompts_file,
                   "prompts for greedy agreement: JSON list (strings or {\"prompt\": ...}) or one per line");
   cmd->add_option("--greedy-tokens", args->greedy_tokens, "tokens generated per prompt for greedy agreement")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_option("--format", args->format, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { eval(*args); });
 }

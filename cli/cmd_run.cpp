@@ -14,7 +14,7 @@ void add_pipeline_options(CLI::App& cmd, PipelineArgs& args) {
   cmd.add_option("-p,--pipeline", args.pipeline, "pipeline YAML (default: pipelines/default.yaml)");
   cmd.add_option("-m,--model", args.model, "GGUF model file (overrides the pipeline's model)");
   cmd.add_option("--backend", args.backend, "cpu, cuda, hip or auto (overrides the pipeline)");
-  cmd.add_option("--threads", args.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--threads", args.threads, "CPU threads (default: all cores)")->check(kNonNegative);
 }
 
 namespace {
@@ -167,9 +167,9 @@ void add_run_command(CLI::App& app) {
   add_pipeline_options(*cmd, args->pipeline);
   cmd->add_option("--prompt", args->prompts, "prompt text (repeatable; the prompts run as one batch)");
   cmd->add_option("prompts", args->prompts, "prompt text (same as --prompt)");
-  cmd->add_option("-n,--max-tokens", args->max_tokens, "tokens to generate per prompt")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--max-tokens", args->max_tokens, "tokens to generate per prompt")->check(kNonNegative);
   cmd->add_option("--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = off)")->check(kNonNegative);
   cmd->add_option("--top-p", args->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", args->min_p, "drop tokens below min_p x the top probability (0 = off)");
   cmd->add_option("--repetition-penalty", args->repetition_penalty,

@@ -19,4 +19,8 @@ void set_bench_command_line(int argc, char** argv);
 // The options every pipeline-building command shares.
 void add_pipeline_options(CLI::App& cmd, PipelineArgs& args);
 
+// Number checks with short messages (CLI11's own print the range up to the largest double).
+extern const CLI::Validator kNonNegative;  // >= 0
+extern const CLI::Validator kPositive;     // > 0
+
 }  // namespace tessera::cli

@@ -391,6 +391,14 @@ TEST(Cli, RunRefusesOutOfRangeSamplingFlagsNamingThem) {
     EXPECT_EQ(o.status, 1) << flag << ": " << o.text;
     EXPECT_NE(o.text.find(field), std::string::npos) << flag << ": " << o.text;
   }
+  // Negative counts: a short message, not CLI11's range up to the largest double.
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"-n -1", "--max-tokens: must be >= 0, got -1"}, {"--top-k x", "--top-k: 'x' is not a number"}}) {
+    const Output o = tessera_cmd("run " + flag + " hello");
+    EXPECT_NE(o.status, 0) << flag;
+    EXPECT_NE(o.text.find(message), std::string::npos) << flag << ": " << o.text;
+    EXPECT_LT(o.text.size(), 200u) << o.text;
+  }
 }
 
 }  // namespace
