@@ -32,6 +32,20 @@ std::string at(const std::string& file, const YAML::Node& node) {
   return file + ":" + std::to_string(node.Mark().line + 1);
 }
 
+// yaml-cpp keeps the last of two equal keys in a map; a pipeline file must not say one thing twice.
+void check_duplicate_keys(const std::string& file, const YAML::Node& node) {
+  if (node.IsSequence()) {
+    for (const auto& item : node) check_duplicate_keys(file, item);
+  } else if (node.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+      if (!seen.insert(key).second) throw Error(at(file, kv.first) + ": duplicate key '" + key + "'");
+      check_duplicate_keys(file, kv.second);
+    }
+  }
+}
+
 // YAML scalars carry no type; a quoted scalar is a string, a bare one is read as bool, integer or
 // number when it looks like one.
 nlohmann::json to_json(const YAML::Node& node) {
@@ -125,6 +139,7 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }
   if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
+  check_duplicate_keys(path, root);
 
   PipelineSpec spec;
   if (const YAML::Node ext = root["extends"]) {

@@ -92,6 +92,13 @@ TEST_F(PipelineSpecTest, NumbersPastSixtyFourBitsAreRefusedNotWrapped) {
   EXPECT_NE(msg.find("'99999999999GiB' is too large a size"), std::string::npos) << msg;
 }
 
+TEST_F(PipelineSpecTest, ADuplicateKeyIsRefusedWithItsLine) {
+  std::string msg = error_of("components:\n  cache: { plugin: paged, plugin: contiguous }\n");
+  EXPECT_NE(msg.find("p.yaml:2: duplicate key 'plugin'"), std::string::npos) << msg;
+  msg = error_of("model: a.gguf\ncomponents:\n  cache: { plugin: paged }\nmodel: b.gguf\n");
+  EXPECT_NE(msg.find("p.yaml:4: duplicate key 'model'"), std::string::npos) << msg;
+}
+
 TEST_F(PipelineSpecTest, UnknownPluginNamesItsLineAndTheAlternatives) {
   const std::string msg = error_of("model: x.gguf\ncomponents:\n  quantizer: { plugin: int9 }\n");
   EXPECT_NE(msg.find("p.yaml:3"), std::string::npos) << msg;
