@@ -131,12 +131,16 @@ void add_eval_command(CLI::App& app) {
   add_pipeline_options(*cmd, args->pipeline);
   cmd->add_option("--text", args->text, "text file to score")->required();
   cmd->add_option("--ctx", args->ctx, "chunk length in tokens")->check(kPositive);
-  cmd->add_option("--baseline", args->baseline, "baseline pipeline to compare against");
-  cmd->add_option("--baseline-model", args->baseline_model, "model for the baseline (default: -m, else its own)");
+  CLI::Option* baseline = cmd->add_option("--baseline", args->baseline, "baseline pipeline to compare against");
+  // What only a comparison uses needs the baseline, rather than being ignored without one.
+  cmd->add_option("--baseline-model", args->baseline_model, "model for the baseline (default: -m, else its own)")
+      ->needs(baseline);
   cmd->add_option("--prompts", args->prompts_file,
-                  "prompts for greedy agreement: JSON list (strings or {\"prompt\": ...}) or one per line");
+                  "prompts for greedy agreement: JSON list (strings or {\"prompt\": ...}) or one per line")
+      ->needs(baseline);
   cmd->add_option("--greedy-tokens", args->greedy_tokens, "tokens generated per prompt for greedy agreement")
-      ->check(kPositive);
+      ->check(kPositive)
+      ->needs(baseline);
   cmd->add_option("--format", args->format, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { eval(*args); });
 }

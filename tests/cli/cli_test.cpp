@@ -141,6 +141,14 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 namespace tessera {
 namespace {
 
+TEST(Cli, EvalComparisonFlagsNeedABaseline) {
+  for (const char* flag : {"--prompts p.json", "--greedy-tokens 8", "--baseline-model m.gguf"}) {
+    const Output o = tessera_cmd("eval --text '" + test::kShared + "/eval/tiny_stories_eval.txt' " + flag);
+    EXPECT_NE(o.status, 0) << flag;
+    EXPECT_NE(o.text.find("requires --baseline"), std::string::npos) << flag << ": " << o.text;
+  }
+}
+
 TEST(Cli, EvalRefusesABaselineWhoseVocabularyDiffers) {
   // stories260K and aidreams260K both have 512 tokens, with different meanings.
   const Output o = tessera_cmd("eval --text '" + test::kShared + "/eval/tiny_stories_eval.txt' --baseline '" +
