@@ -70,11 +70,9 @@ void run(const RunArgs& args) {
     req.sampling = sampling;
     req.ignore_eos = args.ignore_eos;
     req.stop = args.stop;
-    if (stream) {
-      std::cout << text << std::flush;
-      req.on_text = [](RequestId, std::string_view t) { std::cout << t << std::flush; };
-    }
-    ids.push_back(engine.submit(std::move(req)));
+    if (stream) req.on_text = [](RequestId, std::string_view t) { std::cout << t << std::flush; };
+    ids.push_back(engine.submit(std::move(req)));  // refuses a prompt the context cannot hold
+    if (stream) std::cout << text << std::flush;  // echoed once accepted, before the first token
   }
   engine.run_until_idle();
   std::vector<GenerationResult> results = engine.take_finished();
