@@ -1,7 +1,8 @@
 // y[m][n] = x[m][k] · W[n][k]ᵀ for float weights (and the GGUF k-quants on CPUs without AVX2); int8,
-// int4, Q8_0, Q4_0 and the k-quants have integer-dot kernels of their own (dispatched below). Half-precision and k-quant rows are
-// unpacked a few rows at a time into a small per-thread buffer (never a float copy of the
-// matrix), then reused across all m rows of x.
+// int4, Q8_0, Q4_0 and the k-quants have integer-dot kernels of their own (dispatched below).
+// Half-precision and k-quant rows are unpacked a few rows at a time into a small per-thread buffer
+// (never a float copy of the matrix), then reused across all m rows of x; decode converts
+// half-precision rows in registers instead.
 #include <immintrin.h>
 #include <omp.h>
 

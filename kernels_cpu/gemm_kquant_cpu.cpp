@@ -5,9 +5,9 @@
 //   Q4_K  Σ (d·sc_j·q - dmin·m_j)·x  =  dx·(d·Σ_j sc_j·Σ q·xq  -  dmin·Σ_j m_j·Σ xq)
 //   Q6_K  Σ d·sc_j·(q - 32)·x        =  dx·d·(Σ_j sc_j·Σ q·xq  -  32·Σ_j sc_j·Σ xq)
 // vpmaddubsw multiplies the unsigned quants by the int8 activations, vpmaddwd applies the scales,
-// and one float multiply-add per super-block and row remains. Four weight rows share each
-// activation load; every row of x sees the same arithmetic in the same order, so decode, prefill
-// and verification agree to the bit.
+// and one float multiply-add per super-block and row remains. Weight rows go four at a time,
+// super-block by super-block, against an activation block that stays in L1; every row of x sees
+// the same arithmetic in the same order, so decode, prefill and verification agree to the bit.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -161,7 +161,7 @@ struct Q6K {
   }
 };
 
-// Rows [j0, j1) of W against all m rows of x, four rows at a time sharing each x super-block.
+// Rows [j0, j1) of W against all m rows of x, four rows at a time.
 template <class Format>
 __attribute__((target("avx2,fma,f16c"))) void gemm_rows(const KQuantX& xq, int64_t m, const WeightView& w,
                                                         float* y, int64_t j0, int64_t j1) {
