@@ -234,7 +234,9 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   const int64_t n = w.rows;
   const int64_t work = m * n * w.cols;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  if (work < kParallelWork || omp_get_max_threads() == 1) {
+  // Decode streams the weights: fork for their bytes too, not only for the multiply-adds.
+  const int64_t bytes = n * int64_t(dtype_row_bytes(w.dtype, w.cols));
+  if ((work < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     thread_local std::vector<float> unpacked;
     gemm_rows(x, m, w, y, 0, n, unpacked);
     return;
