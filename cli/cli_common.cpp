@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdint>
 #include <filesystem>
 #include <iostream>
 
@@ -68,5 +70,13 @@ CLI::Validator number_at_least(double low, bool strict, const std::string& name)
 
 const CLI::Validator kNonNegative = number_at_least(0, false, "NONNEGATIVE");
 const CLI::Validator kPositive = number_at_least(0, true, "POSITIVE");
+const CLI::Validator kSeed(
+    [](std::string& text) -> std::string {
+      uint64_t v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec == std::errc() && end == text.data() + text.size()) return "";
+      return "must be an integer in 0..18446744073709551615, got " + text;
+    },
+    "UINT64");
 
 }  // namespace tessera::cli

@@ -175,7 +175,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--frequency-penalty", args->frequency_penalty,
                   "subtract this x the count of each generated token (-2..2)");
   cmd->add_option("--presence-penalty", args->presence_penalty, "subtract this from each generated token (-2..2)");
-  cmd->add_option("--seed", args->seed, "random seed");
+  cmd->add_option("--seed", args->seed, "random seed")->check(kSeed);
   cmd->add_option("--stop", args->stop, "stop string (repeatable); the text ends before it")
       ->allow_extra_args(false);  // one string per --stop, so a prompt can follow
   cmd->add_option("--logprobs", args->logprobs,

@@ -91,7 +91,7 @@ void add_synth_command(CLI::App& app) {
                   "blocks stay f32)")
       ->capture_default_str();
   cmd->add_option("-o,--output", a->output, "GGUF file to write")->required();
-  cmd->add_option("--seed", a->seed, "weight seed (default 0)");
+  cmd->add_option("--seed", a->seed, "weight seed (default 0)")->check(kSeed);
   cmd->add_option("--dim", a->dim, "embedding size");
   cmd->add_option("--ffn", a->ffn, "feed-forward size");
   cmd->add_option("--layers", a->layers, "number of blocks");

@@ -22,5 +22,6 @@ void add_pipeline_options(CLI::App& cmd, PipelineArgs& args);
 // Number checks with short messages (CLI11's own print the range up to the largest double).
 extern const CLI::Validator kNonNegative;  // >= 0
 extern const CLI::Validator kPositive;     // > 0
+extern const CLI::Validator kSeed;         // an integer in 0..2^64-1 (CLI11 saturates larger ones)
 
 }  // namespace tessera::cli

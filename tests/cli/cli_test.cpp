@@ -399,9 +399,12 @@ TEST(Cli, RunRefusesOutOfRangeSamplingFlagsNamingThem) {
     EXPECT_EQ(o.status, 1) << flag << ": " << o.text;
     EXPECT_NE(o.text.find(field), std::string::npos) << flag << ": " << o.text;
   }
-  // Negative counts: a short message, not CLI11's range up to the largest double.
+  // Negative counts and seeds past 64 bits: a short message, not CLI11's range up to the largest
+  // double or a silently saturated seed.
   for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
-           {"-n -1", "--max-tokens: must be >= 0, got -1"}, {"--top-k x", "--top-k: 'x' is not a number"}}) {
+           {"-n -1", "--max-tokens: must be >= 0, got -1"},
+           {"--top-k x", "--top-k: 'x' is not a number"},
+           {"--seed 99999999999999999999", "--seed: must be an integer in 0..18446744073709551615"}}) {
     const Output o = tessera_cmd("run " + flag + " hello");
     EXPECT_NE(o.status, 0) << flag;
     EXPECT_NE(o.text.find(message), std::string::npos) << flag << ": " << o.text;
