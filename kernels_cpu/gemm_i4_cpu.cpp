@@ -216,15 +216,29 @@ __attribute__((target("avx2,fma"))) void tile_row(const int8_t* xr, const float*
       ++gi;
     }
     ++in_group;
-    __m256 s[kTiles];
-    for (int t = 0; t < kTiles; ++t) {
-      const __m128 s4 = tl[t].scales(gi);
-      s[t] = _mm256_set_m128(s4, s4);
-    }
     const __m256i xe = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock)));
     const __m256i xo =
         _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + b * kBlock + 16)));
     const __m256 dx = _mm256_set1_ps(xd[b]);
+    // [s_r·dx] for each row pair, rows 2p and 2p+1 four lanes each. Two tiles of a band (decode)
+    // have their eight scales side by side: one load, one multiply, a permute per pair.
+    __m256 sd01[kTiles], sd23[kTiles];
+    if constexpr (kPacked && kTiles == 2) {
+      const __m256 sd8 = _mm256_mul_ps(_mm256_loadu_ps(tl[0].s[0] + gi * tl[0].band), dx);
+      for (int t = 0; t < 2; ++t) {
+        sd01[t] = _mm256_permutevar8x32_ps(sd8, _mm256_setr_epi32(4 * t, 4 * t, 4 * t, 4 * t, 4 * t + 1, 4 * t + 1,
+                                                                  4 * t + 1, 4 * t + 1));
+        sd23[t] = _mm256_permutevar8x32_ps(sd8, _mm256_setr_epi32(4 * t + 2, 4 * t + 2, 4 * t + 2, 4 * t + 2,
+                                                                  4 * t + 3, 4 * t + 3, 4 * t + 3, 4 * t + 3));
+      }
+    } else {
+      for (int t = 0; t < kTiles; ++t) {
+        const __m128 s4 = tl[t].scales(gi);
+        const __m256 sd = _mm256_mul_ps(_mm256_set_m128(s4, s4), dx);  // [s_r·dx] in both lanes
+        sd01[t] = _mm256_permutevar_ps(sd, sel01);
+        sd23[t] = _mm256_permutevar_ps(sd, sel23);
+      }
+    }
 #pragma GCC unroll 2
     for (int t = 0; t < kTiles; ++t) {
       Nibbles n01, n23;
@@ -240,9 +254,8 @@ __attribute__((target("avx2,fma"))) void tile_row(const int8_t* xr, const float*
         n01 = split(tl[t].pair(b, 0));
         n23 = split(tl[t].pair(b, 1));
       }
-      const __m256 sd = _mm256_mul_ps(s[t], dx);  // [s_r·dx] in both lanes
-      a01[t] = _mm256_fmadd_ps(pair_dot(n01, xe, xo), _mm256_permutevar_ps(sd, sel01), a01[t]);
-      a23[t] = _mm256_fmadd_ps(pair_dot(n23, xe, xo), _mm256_permutevar_ps(sd, sel23), a23[t]);
+      a01[t] = _mm256_fmadd_ps(pair_dot(n01, xe, xo), sd01[t], a01[t]);
+      a23[t] = _mm256_fmadd_ps(pair_dot(n23, xe, xo), sd23[t], a23[t]);
     }
   }
   for (int t = 0; t < kTiles; ++t) {
