@@ -148,9 +148,21 @@ void HttpServer::routes() {
         return httplib::Server::HandlerResponse::Handled;
       }
       if (length.empty() && !req.has_header("Transfer-Encoding")) {
-        send_error(res, ApiError(400, req.method + " " + req.path +
-                                          " without a body: send one with Content-Length or Transfer-Encoding: chunked",
-                                 "", "invalid_request"));
+        // Answered here as routing would, since routing would first wait for the body.
+        const bool post_route = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+        const bool get_route = req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0 ||
+                               req.path == "/health" || req.path == "/metrics";
+        if (req.method == "POST" && post_route) {
+          send_error(res, ApiError(400, "POST " + req.path + " without a body: send one with Content-Length or "
+                                        "Transfer-Encoding: chunked", "", "invalid_request"));
+        } else if (post_route || get_route) {
+          const std::string allow = post_route ? "POST" : "GET";
+          res.set_header("Allow", allow);
+          send_error(res, ApiError(405, req.method + " is not allowed on " + req.path + "; use " + allow, "",
+                                   "method_not_allowed"));
+        } else {
+          send_error(res, ApiError(404, "no route for " + req.method + " " + req.path, "", "not_found"));
+        }
         return httplib::Server::HandlerResponse::Handled;
       }
     }
