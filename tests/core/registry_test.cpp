@@ -60,28 +60,24 @@ TEST(Registry, RefusesTruncatedAndNonElfFilesWithoutLoadingThem) {
   // A library cut short (an interrupted build or copy) would fault inside dlopen; it is refused
   // from its headers, as are files that are not shared libraries at all.
   test::TempDir dir;
+  auto error_loading = [](const std::string& path) {
+    Registry r;
+    try {
+      r.load_library(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
   const std::string whole = test::read_text(kLibs + "/libtestlib_no_entry.so");
   for (size_t keep : {size_t(100), size_t(5000), whole.size() - 1}) {
-    SCOPED_TRACE(keep);
     const std::string cut = dir.write("libcut.so", whole.substr(0, keep));
-    Registry r;
-    std::string msg;
-    try {
-      r.load_library(cut);
-    } catch (const Error& e) {
-      msg = e.what();
-    }
-    EXPECT_NE(msg.find(cut + ": truncated plugin library"), std::string::npos) << msg;
+    const std::string msg = error_loading(cut);
+    EXPECT_NE(msg.find(cut + ": truncated plugin library"), std::string::npos) << keep << ": " << msg;
   }
   for (const std::string& bytes : {std::string(), std::string("not a library\n")}) {
     const std::string bad = dir.write("libbad.so", bytes);
-    Registry r;
-    std::string msg;
-    try {
-      r.load_library(bad);
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    const std::string msg = error_loading(bad);
     EXPECT_NE(msg.find(bad + ": not a 64-bit ELF shared library"), std::string::npos) << msg;
   }
 }
