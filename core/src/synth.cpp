@@ -296,14 +296,15 @@ namespace {
 // Refuses, before any work, a model the output's file system cannot hold (a mistyped --dim would
 // otherwise fill the disk, or run for hours first).
 void check_space(const SynthSpec& s, const std::string& path) {
-  const double bytes_per_param = double(dtype_block_bytes(s.dtype)) / double(dtype_block_elems(s.dtype));
-  const double need = double(synth_parameter_count(s)) * std::max(bytes_per_param, 0.5);
+  const double need = double(synth_parameter_count(s)) * double(dtype_block_bytes(s.dtype)) /
+                      double(dtype_block_elems(s.dtype));
   std::error_code ec;
-  std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
+  const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
   const std::filesystem::space_info free = std::filesystem::space(dir, ec);
   if (!ec && need > double(free.available)) {
-    throw Error("synth: the model would take about " + std::to_string(int64_t(need / double(1 << 20))) + " MiB, more than the " +
-                std::to_string(int64_t(free.available >> 20)) + " MiB free in " + dir.string());
+    throw Error("synth: the model would take about " + std::to_string(int64_t(need / double(1 << 20))) +
+                " MiB, more than the " + std::to_string(int64_t(free.available >> 20)) + " MiB free in " +
+                dir.string());
   }
 }
 
