@@ -137,6 +137,15 @@ void HttpServer::routes() {
   s.set_tcp_nodelay(true);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!config_.api_key.empty() && req.path != "/health") {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), config_.api_key)) {
+        send_error(res, ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'", "",
+                                 "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     // httplib reads a body without a length until the connection closes (the read timeout, for a
     // client waiting on its answer): a request that has no length has no body, so say so at once.
     if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE") {
@@ -147,7 +156,8 @@ void HttpServer::routes() {
         send_error(res, ApiError(400, "invalid Content-Length '" + length + "'", "", "invalid_request"));
         return httplib::Server::HandlerResponse::Handled;
       }
-      if (length.empty() && !req.has_header("Transfer-Encoding")) {
+      const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+      if (length.empty() && !chunked) {
         // Answered here as routing would, since routing would first wait for the body.
         const bool post_route = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
         const bool get_route = req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0 ||
@@ -166,27 +176,30 @@ void HttpServer::routes() {
         return httplib::Server::HandlerResponse::Handled;
       }
     }
-    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), config_.api_key)) {
-      send_error(res, ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'", "",
-                               "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  // Bodies through a content reader: httplib's own reading caps bodies sent as form data (what
-  // `curl -d` declares) at 8 KiB; the reader is held to server.max_body_bytes alone.
+  // Bodies through a content reader, held to server.max_body_bytes whatever their framing (httplib
+  // caps bodies sent as form data, what `curl -d` declares, at 8 KiB, and chunked ones not at all).
   auto post = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+      if (req.is_multipart_form_data()) {
+        send_error(res, ApiError(415, "multipart form data is not accepted: send the request as JSON "
+                                      "(Content-Type: application/json)", "", "unsupported_media_type"));
+        return;
+      }
       std::string body;
-      const bool whole = read([&body](const char* data, size_t n) {
-        body.append(data, n);
-        return true;
+      bool too_large = false;
+      const bool whole = read([&](const char* data, size_t n) {
+        too_large = body.size() + n > size_t(config_.max_body_bytes);
+        if (!too_large) body.append(data, n);
+        return !too_large;
       });
-      if (!whole) return;  // too large or cut off: httplib set the status, the error handler answers
+      if (too_large) {
+        res.status = 413;  // the error handler words it
+        return;
+      }
+      if (!whole) return;  // cut off or unreadable: httplib set the status, the error handler answers
       generate(endpoint, body, res);
     };
   };

@@ -169,6 +169,31 @@ TEST_F(Serve, ABodySentAsFormDataIsReadWholeUpToTheLimit) {
   EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], kStoryContinuation);
 }
 
+TEST_F(Serve, ChunkedBodiesAreHeldToTheLimitAndMultipartIsRefused) {
+  auto c = server_->client();
+  // Chunked (no Content-Length): 2 MiB of JSON whitespace, past the default 1 MiB limit.
+  const std::string chunk(64 << 10, ' ');
+  auto res = c.Post(
+      "/v1/completions",
+      [&](size_t offset, httplib::DataSink& sink) {
+        if (offset < (size_t(2) << 20)) {
+          sink.write(chunk.data(), chunk.size());
+        } else {
+          sink.done();
+        }
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 413) << res->body;
+  EXPECT_NE(res->body.find("server.max_body_bytes"), std::string::npos) << res->body;
+  // `curl -F`: multipart form data is not an OpenAI request.
+  auto form = server_->client().Post("/v1/completions", httplib::MultipartFormDataItems{{"prompt", "hi", "", ""}});
+  ASSERT_TRUE(form) << httplib::to_string(form.error());
+  EXPECT_EQ(form->status, 415) << form->body;
+  EXPECT_NE(form->body.find("application/json"), std::string::npos) << form->body;
+}
+
 TEST_F(Serve, ABodyWithoutALengthIsRefusedAtOnce) {
   // A request with no Content-Length (or a bad one) has no body to wait for: its answer (400, or 405
   // / 404 as routing would give) comes at once, not at the read timeout (30 s).
@@ -413,6 +438,10 @@ TEST(ServeAuth, ApiKeyIsRequiredOnEveryRouteButHealth) {
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+  // The key is checked before anything about the request is answered.
+  test::RawConnection raw(server.port());
+  raw.send_raw("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_NE(raw.read_until("}", std::chrono::seconds(10)).find("HTTP/1.1 401"), std::string::npos);
 }
 
 TEST(ServeAuth, KeyFileFromThePipelineYaml) {
