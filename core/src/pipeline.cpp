@@ -75,7 +75,11 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
       // the plugin.
       const std::string msg = e.what();
       if (msg.rfind(where, 0) == 0) throw;
-      throw Error(where + ": " + (msg.rfind(who + ": ", 0) == 0 ? msg.substr(who.size() + 2) : msg));
+      std::string rest = msg;
+      for (const std::string& named : {who + ": ", c.plugin + ": "}) {
+        if (rest.rfind(named, 0) == 0) rest = rest.substr(named.size());
+      }
+      throw Error(where + ": " + rest);
     }
   };
   create(ComponentKind::quantizer, p->quantizer_);
