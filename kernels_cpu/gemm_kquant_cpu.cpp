@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -39,12 +40,18 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_x(const float* x, int64_t
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t i = 0; i < m * supers; ++i) {
     const float* xs = x + i * kSuper;
-    __m256 vmax = _mm256_setzero_ps();
-    for (int64_t c = 0; c < kSuper; c += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(abs_mask, _mm256_loadu_ps(xs + c)));
+    __m256 vmax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kSuper; c += 8) {
+      const __m256 v = _mm256_loadu_ps(xs + c);
+      vmax = _mm256_max_ps(vmax, _mm256_and_ps(abs_mask, v));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, vmax);
     const float amax = *std::max_element(lanes, lanes + 8);
-    const float d = amax / 127.0f;
+    // A NaN or infinite activation makes the block's scale NaN, so the outputs it feeds are NaN too
+    // (as in float arithmetic) instead of finite from clamped quants.
+    const float d = _mm256_movemask_ps(nan) != 0 || std::isinf(amax) ? NAN : amax / 127.0f;
     const __m256 id = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
     out.d[size_t(i)] = d;
     int8_t* q = out.q.data() + i * kSuper;

@@ -61,6 +61,13 @@ void quantize_q4_0(const float* x, uint8_t* out, int64_t n) {
   }
 }
 
+// A super-block scale (>= 0) as fp16, kept finite and, when positive, non-zero: past fp16's range
+// the block clips instead of decoding to inf or NaN, and a tiny block keeps a usable step.
+uint16_t super_scale(float v) {
+  const uint16_t h = f32_to_fp16(std::min(v, 65504.0f));
+  return h == 0 && v > 0 ? uint16_t(1) : h;  // 1: the smallest subnormal, 2^-24
+}
+
 // Q4_K super-block of 256 (layout in dtype_kquant.cpp): each sub-block of 32 spans [-min, max] with
 // min = max(0, -smallest) in 16 levels, x ≈ (d·sc)·q - dmin·m; the 6-bit sc and m quantize the
 // sub-blocks' scales and mins against d = largest scale / 63 and dmin = largest min / 63. A plain
@@ -80,7 +87,7 @@ void quantize_q4_k(const float* x, uint8_t* out, int64_t n) {
       max_scale = std::max(max_scale, scale[j]);
       max_offset = std::max(max_offset, offset[j]);
     }
-    const uint16_t dh = f32_to_fp16(max_scale / 63.0f), dminh = f32_to_fp16(max_offset / 63.0f);
+    const uint16_t dh = super_scale(max_scale / 63.0f), dminh = super_scale(max_offset / 63.0f);
     const float d = fp16_to_f32(dh), dmin = fp16_to_f32(dminh);
     store_u16(out, dh);
     store_u16(out + 2, dminh);
@@ -123,7 +130,7 @@ void quantize_q6_k(const float* x, uint8_t* out, int64_t n) {
       scale[j] = m / -32.0f;
       max_abs = std::max(max_abs, std::fabs(scale[j]));
     }
-    const uint16_t dh = f32_to_fp16(max_abs / 127.0f);
+    const uint16_t dh = super_scale(max_abs / 127.0f);
     const float d = fp16_to_f32(dh);
     store_u16(out + 208, dh);
     uint8_t q[256];

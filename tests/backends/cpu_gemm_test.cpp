@@ -124,6 +124,12 @@ TEST(CpuGemm, KQuantsMatchTheDequantizedWeightsWhenActivationsQuantizeExactly) {
           EXPECT_NEAR(y[size_t(i * n + j)], want, 1e-5 * mag) << "x row " << i << ", w row " << j;
         }
       }
+      // A NaN or infinite activation gives NaN outputs, as float arithmetic would, not finite ones.
+      for (const float bad : {std::nanf(""), INFINITY}) {
+        std::vector<float> xb(x.begin(), x.begin() + k);
+        xb[300] = bad;
+        for (const float v : gemm(view, xb.data(), 1)) EXPECT_TRUE(std::isnan(v)) << bad;
+      }
     }
   }
 }

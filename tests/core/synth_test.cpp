@@ -344,6 +344,22 @@ TEST(QuantizeBlocks, KQuantsStayWithinTheirStepsAndRoundTripThroughTheReader) {
   }
 }
 
+TEST(QuantizeBlocks, KQuantsStayFiniteBeyondTheirFp16Scales) {
+  // Super-block scales are fp16: past its range a block clips, below it keeps the smallest step;
+  // it never decodes to inf or NaN.
+  for (float scale : {1e-8f, 1e8f}) {
+    const int64_t n = 512;
+    const std::vector<float> x = random_floats(n, 5, scale);
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+      std::vector<uint8_t> q(dtype_row_bytes(t, n));
+      quantize_row(t, x.data(), q.data(), n);
+      std::vector<float> y(n);
+      dequantize_row(t, q.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(y[size_t(i)])) << dtype_name(t) << " " << scale;
+    }
+  }
+}
+
 TEST(QuantizeBlocks, FloatFormatsRoundTrip) {
   const std::vector<float> x = {0.0f, 1.0f, -2.5f, 65504.0f, 1e-3f, 3.14159f, -1e-7f, 1e30f};
   std::vector<float> y(x.size());
