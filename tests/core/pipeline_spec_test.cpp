@@ -150,7 +150,8 @@ TEST_F(PipelineSpecTest, APluginsOwnRefusalNamesTheLineOfItsComponent) {
            {"  scheduler: { plugin: fcfs, max_seqs: 0 }\n", "c.yaml:4: scheduler fcfs: max_seqs must be >= 1"},
            {"  decoder: { plugin: speculative, proposer: ngram, window: 0 }\n",
             "c.yaml:4: decoder speculative: window=0 must be in 1..64"},
-           {"  quantizer: { plugin: int4, group_size: 48 }\n", "c.yaml:4: quantizer int4: parameter 'group_size' is 48"}}) {
+           {"  quantizer: { plugin: int4, group_size: 48 }\n",
+            "c.yaml:4: quantizer int4: parameter 'group_size' is 48"}}) {
     const std::string path = write("c.yaml", model + component);
     try {
       Pipeline::build(load_pipeline_spec(path), test::plugins());
