@@ -160,7 +160,8 @@ struct Q6K {
                                                                        const int16_t* sums, float dx, __m256& acc) {
     // The sixteen scales as int16: half h's eight in both 128-bit halves of scales[h].
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-    const __m256i scales[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00), _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+    const __m256i scales[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                               _mm256_permute2x128_si256(sc16, sc16, 0x11)};
     const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
@@ -171,7 +172,8 @@ struct Q6K {
                                  _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
                                  _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
       for (int i = 0; i < 4; ++i) {
-        const __m256i q = _mm256_or_si256(nibble[i], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), two), 4));
+        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), two), 4);
+        const __m256i q = _mm256_or_si256(nibble[i], high);
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * i));
         // Elements 0-15 of the quarter (the low 128 bits) take scale 2i of the half, 16-31 scale
         // 2i + 1: one byte shuffle spreads them. Pairs q·x are at most 2·63·127 = 16002.
@@ -184,7 +186,8 @@ struct Q6K {
     // Σ_j sc_j·Σ xq times 32, for the -32 every quant carries (|32·sc·Σ xq| <= 32·128·2032 per lane).
     const __m256i bias = _mm256_slli_epi32(
         _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums))), 5);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk + 208) * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, bias)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk + 208) * dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, bias)),
+                          acc);
   }
 };
 

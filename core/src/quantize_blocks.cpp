@@ -107,7 +107,9 @@ void quantize_q4_k(const float* x, uint8_t* out, int64_t n) {
       }
       const float step = d * float(sc), off = dmin * float(m);
       const float inv = step > 0 ? 1.0f / step : 0.0f;
-      for (int i = 0; i < 32; ++i) q[32 * j + i] = uint8_t(std::clamp(round_half_away((x[32 * j + i] + off) * inv), 0, 15));
+      for (int i = 0; i < 32; ++i) {
+        q[32 * j + i] = uint8_t(std::clamp(round_half_away((x[32 * j + i] + off) * inv), 0, 15));
+      }
     }
     // 32-byte chunk c: sub-block 2c in the low nibbles, 2c+1 in the high ones.
     for (int c = 0; c < 4; ++c) {
@@ -139,7 +141,9 @@ void quantize_q6_k(const float* x, uint8_t* out, int64_t n) {
       out[192 + j] = uint8_t(int8_t(sc));
       const float step = d * float(sc);
       const float inv = step != 0 ? 1.0f / step : 0.0f;
-      for (int i = 0; i < 16; ++i) q[16 * j + i] = uint8_t(std::clamp(round_half_away(x[16 * j + i] * inv) + 32, 0, 63));
+      for (int i = 0; i < 16; ++i) {
+        q[16 * j + i] = uint8_t(std::clamp(round_half_away(x[16 * j + i] * inv) + 32, 0, 63));
+      }
     }
     // Half h: low 4 bits of elements l and l+64 share byte 64h+l, of l+32 and l+96 byte 64h+32+l;
     // the top 2 bits of l, l+32, l+64, l+96 are the bit pairs of byte 128+32h+l.
