@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -18,10 +19,21 @@
 
 #include "tessera/device_buffer.h"
 #include "tessera/engine.h"
+#include "tessera/error.h"
 #include "tessera/pipeline.h"
 #include "tessera/registry.h"
 
 namespace tessera::test {
+
+// The message of the tessera::Error that f throws, or "(no error)".
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 inline const std::string kShared = TESSERA_SHARED_DIR;
 inline const std::string kStoriesF32 = kShared + "/models/stories260K/stories260K-f32.gguf";

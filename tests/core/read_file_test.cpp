@@ -1,6 +1,5 @@
 // read_file: the whole file, or an error naming the file and what it was meant to be.
 #include <gtest/gtest.h>
-#include <gmock/gmock.h>
 
 #include "test_util.h"
 #include "tessera/error.h"
@@ -11,13 +10,8 @@ namespace {
 
 using testing::HasSubstr;
 
-std::string message_of(const std::string& path) {
-  try {
-    read_file(path, "pipeline file");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+std::string refusal_of(const std::string& path) {
+  return test::message_of([&] { read_file(path, "pipeline file"); });
 }
 
 TEST(ReadFile, ReturnsEveryByteAndNamesWhatIsWrongOtherwise) {
@@ -25,8 +19,8 @@ TEST(ReadFile, ReturnsEveryByteAndNamesWhatIsWrongOtherwise) {
   const std::string bytes("a\0b\r\nlast", 9);
   EXPECT_EQ(read_file(dir.write("f.yaml", bytes), "pipeline file"), bytes);
   EXPECT_EQ(read_file(dir.write("empty.yaml", ""), "pipeline file"), "");
-  EXPECT_EQ(message_of(dir.path() + "/none.yaml"), dir.path() + "/none.yaml: pipeline file not found");
-  EXPECT_EQ(message_of(dir.path()), dir.path() + ": is a directory; expected the pipeline file");
+  EXPECT_EQ(refusal_of(dir.path() + "/none.yaml"), dir.path() + "/none.yaml: pipeline file not found");
+  EXPECT_EQ(refusal_of(dir.path()), dir.path() + ": is a directory; expected the pipeline file");
 }
 
 }  // namespace

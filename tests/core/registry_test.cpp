@@ -62,12 +62,7 @@ TEST(Registry, RefusesTruncatedAndNonElfFilesWithoutLoadingThem) {
   test::TempDir dir;
   auto error_loading = [](const std::string& path) {
     Registry r;
-    try {
-      r.load_library(path);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return test::message_of([&] { r.load_library(path); });
   };
   const std::string whole = test::read_text(kLibs + "/libtestlib_no_entry.so");
   for (size_t keep : {size_t(100), size_t(5000), whole.size() - 1}) {

@@ -48,14 +48,7 @@ class TempDir {
   fs::path path_;
 };
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::message_of;
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float scale) {
   std::mt19937 rng(seed);
