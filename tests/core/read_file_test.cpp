@@ -8,8 +8,6 @@
 namespace tessera {
 namespace {
 
-using testing::HasSubstr;
-
 std::string refusal_of(const std::string& path) {
   return test::message_of([&] { read_file(path, "pipeline file"); });
 }
