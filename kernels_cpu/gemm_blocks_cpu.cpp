@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gemm_blocks_cpu.h"
+#include "stealing_bands_cpu.h"
 #include "tessera/error.h"
 
 namespace tessera::cpu {
@@ -189,32 +190,49 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
                 " is not a whole number of 32-element blocks");
   }
   if (m <= 0 || n <= 0) return;
-  // The calling thread's scratch, shared read-only with the team below.
-  thread_local std::vector<int8_t> xq_buf;
-  thread_local std::vector<float> xd_buf;
-  xq_buf.resize(size_t(m * k));
-  xd_buf.resize(size_t(m * (k / kQBlock)));
-  int8_t* xq = xq_buf.data();
-  float* xd = xd_buf.data();
+  // Each thread's scratch: x quantized per block.
+  struct Scratch {
+    std::vector<int8_t> xq;
+    std::vector<float> xd;
+  };
+  thread_local Scratch mine;
+  auto quantize = [&](Scratch& s, int64_t i0, int64_t i1) {
+    quantize_rows(x, i0, i1, k, s.xq.data(), s.xd.data(), avx2);
+  };
+  auto size_scratch = [&](Scratch& s) {
+    s.xq.resize(size_t(m * k));
+    s.xd.resize(size_t(m * (k / kQBlock)));
+  };
+  size_scratch(mine);
   const int64_t weight_bytes = n * (k / kQBlock) * int64_t(kern.block_bytes);
   if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
-    quantize_rows(x, 0, m, k, xq, xd, avx2);
-    gemm_rows({xq, xd, k}, m, w, 0, n, y, kern, avx2);
+    quantize(mine, 0, m);
+    gemm_rows({mine.xq.data(), mine.xd.data(), k}, m, w, 0, n, y, kern, avx2);
     return;
   }
   const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
+  StealingBands units(bands, omp_get_max_threads());
+  Scratch* caller = &mine;
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads();
     const int t = omp_get_thread_num();
-    // Quantize x together (rows split evenly), then each thread takes a contiguous band of W.
-    const int64_t per_m = (m + nt - 1) / nt;
-    quantize_rows(x, std::min(m, per_m * t), std::min(m, per_m * (t + 1)), k, xq, xd, avx2);
+    // A few rows of x (decode) each thread quantizes for itself, sooner than it would wait at a
+    // barrier; more are quantized together (rows split evenly) into the caller's scratch.
+    Scratch* s = caller;
+    if (m <= kOwnQuantizeRows) {
+      s = &mine;  // this thread's own
+      size_scratch(*s);
+      quantize(*s, 0, m);
+    } else {
+      const int64_t per_m = (m + nt - 1) / nt;
+      quantize(*s, std::min(m, per_m * t), std::min(m, per_m * (t + 1)));
 #pragma omp barrier
-    const int64_t per = (bands + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerBand);
-    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerBand);
-    if (j0 < j1) gemm_rows({xq, xd, k}, m, w, j0, j1, y, kern, avx2);
+    }
+    for (int64_t b; (b = units.next(t)) >= 0;) {
+      gemm_rows({s->xq.data(), s->xd.data(), k}, m, w, b * kRowsPerBand, std::min(n, (b + 1) * kRowsPerBand), y, kern,
+                avx2);
+    }
   }
 }
 

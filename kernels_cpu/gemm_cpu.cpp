@@ -11,6 +11,7 @@
 
 #include "gemm_blocks_cpu.h"
 #include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
 #include "tessera/error.h"
 
 namespace tessera::cpu {
@@ -241,16 +242,10 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
     gemm_rows(x, m, w, y, 0, n, unpacked);
     return;
   }
-#pragma omp parallel
-  {
+  for_units(tiles, [&](int64_t t) {
     thread_local std::vector<float> unpacked;
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    const int64_t per = (tiles + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerTile);
-    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerTile);
-    if (j0 < j1) gemm_rows(x, m, w, y, j0, j1, unpacked);
-  }
+    gemm_rows(x, m, w, y, t * kRowsPerTile, std::min(n, (t + 1) * kRowsPerTile), unpacked);
+  });
 }
 
 }  // namespace tessera::cpu

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
 
 namespace tessera::cpu {
 
@@ -181,17 +182,12 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
     }
     return panels * kPanel;
   }
-  // Decode: each thread one contiguous band of panels, streamed once.
-#pragma omp parallel
-  {
+  // Decode: each panel streamed once, two at a time, in bands (stolen at the end, see
+  // stealing_bands_cpu.h).
+  for_units((panels + 1) / 2, [&](int64_t u) {
     thread_local std::vector<float> xp;
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    const int64_t per = (panels + nt - 1) / nt;
-    const int64_t q0 = std::min(panels, per * t);
-    const int64_t q1 = std::min(panels, per * (t + 1));
-    if (q0 < q1) run_panels(x, m, w, y, q0, q1, xp);
-  }
+    run_panels(x, m, w, y, 2 * u, std::min(panels, 2 * u + 2), xp);
+  });
   return panels * kPanel;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
 #include "tessera/error.h"
 
 namespace tessera::cpu {
@@ -359,15 +360,7 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
     run(int64_t(0), n);
     return;
   }
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    const int64_t per = (bands + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerBand);
-    const int64_t j1 = std::min(n, per * (t + 1) * kRowsPerBand);
-    if (j0 < j1) run(j0, j1);
-  }
+  for_units(bands, [&](int64_t b) { run(b * kRowsPerBand, std::min(n, (b + 1) * kRowsPerBand)); });
 }
 
 bool avx2_applies(const WeightView& w) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
 #include "tessera/error.h"
 
 #ifdef TESSERA_HAVE_DNNL
@@ -261,58 +262,71 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   if (m <= 0 || n <= 0) return;
-  // The calling thread's scratch, shared read-only with the team below.
-  thread_local std::vector<int8_t> xq_buf;
-  thread_local std::vector<float> sx_buf;
-  xq_buf.resize(size_t(m * k));
-  sx_buf.resize(size_t(m));
-  int8_t* xq = xq_buf.data();
-  float* sx = sx_buf.data();
+  // Each thread's scratch: x quantized, and for the panels as int16 pairs packed per 6-row block.
+  struct Scratch {
+    std::vector<int8_t> xq;
+    std::vector<float> sx;
+    std::vector<int32_t> xp;
+  };
+  thread_local Scratch mine;
+  const int64_t panel_rows = avx2 ? i8_panel_rows(w) : 0;
+  const int64_t panels = panel_rows / 16;
+  const int64_t blocks = x_pair_blocks(m);
+  auto size_scratch = [&](Scratch& s) {
+    s.xq.resize(size_t(m * k));
+    s.sx.resize(size_t(m));
+    if (panel_rows > 0) s.xp.resize(size_t(blocks * 6 * (k / 2)));
+  };
+  size_scratch(mine);
 #ifdef TESSERA_HAVE_DNNL
   if (variant == kVariantDnnl) {
     thread_local std::vector<int32_t> acc;
-    quantize_rows(x, 0, m, k, xq, sx, avx2);
-    gemm_i8_dnnl(xq, sx, m, w, y, acc);
+    quantize_rows(x, 0, m, k, mine.xq.data(), mine.sx.data(), avx2);
+    gemm_i8_dnnl(mine.xq.data(), mine.sx.data(), m, w, y, acc);
     return;
   }
 #endif
 
-  // Packed panels take rows [0, panel_rows); they need x as int16 pairs, packed per 6-row block.
-  const int64_t panel_rows = avx2 ? i8_panel_rows(w) : 0;
-  const int64_t panels = panel_rows / 16;
-  const int64_t blocks = x_pair_blocks(m);
-  thread_local std::vector<int32_t> xp_buf;
-  if (panel_rows > 0) xp_buf.resize(size_t(blocks * 6 * (k / 2)));
-  int32_t* xp = xp_buf.data();
+  // Work units: the packed panels, then the row-major tiles after them.
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
+  auto run_unit = [&](const Scratch& s, int64_t u) {
+    if (u < panels) {
+      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, u, u + 1, y);
+    } else {
+      const int64_t j = panel_rows + (u - panels) * kRowsPerTile;
+      gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j, std::min(n, j + kRowsPerTile), y, avx2);
+    }
+  };
+  auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
+    quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, s.xq.data(), s.sx.data(), avx2);
+    if (panel_rows > 0) pack_x_pairs(s.xq.data(), m, k, b0, b1, s.xp.data());
+  };
 
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
-    quantize_rows(x, 0, m, k, xq, sx, avx2);
-    if (panel_rows > 0) {
-      pack_x_pairs(xq, m, k, 0, blocks, xp);
-      gemm_i8_panels(xp, xq, sx, m, w, 0, panels, y);
-    }
-    gemm_rows(xq, sx, 0, m, w, panel_rows, n, y, avx2);
+    quantize(mine, 0, blocks);
+    if (panel_rows > 0) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
+    gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
+  StealingBands units(panels + row_tiles, omp_get_max_threads());
+  Scratch* caller = &mine;
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads();
     const int t = omp_get_thread_num();
-    // Quantize (and pack) x together, split by 6-row blocks; then each thread takes a contiguous
-    // band of panels and of the row-major tiles after them.
-    const int64_t per_b = (blocks + nt - 1) / nt;
-    const int64_t b0 = std::min(blocks, per_b * t), b1 = std::min(blocks, per_b * (t + 1));
-    quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, xq, sx, avx2);
-    if (panel_rows > 0) pack_x_pairs(xq, m, k, b0, b1, xp);
+    // A few rows of x (decode) each thread quantizes for itself, sooner than it would wait at a
+    // barrier; more are quantized together, split by 6-row blocks, into the caller's scratch.
+    Scratch* s = caller;
+    if (m <= kOwnQuantizeRows) {
+      s = &mine;  // this thread's own
+      size_scratch(*s);
+      quantize(*s, 0, blocks);
+    } else {
+      const int64_t per_b = (blocks + nt - 1) / nt;
+      quantize(*s, std::min(blocks, per_b * t), std::min(blocks, per_b * (t + 1)));
 #pragma omp barrier
-    const int64_t per_q = (panels + nt - 1) / nt;
-    const int64_t q0 = std::min(panels, per_q * t), q1 = std::min(panels, per_q * (t + 1));
-    if (q0 < q1) gemm_i8_panels(xp, xq, sx, m, w, q0, q1, y);
-    const int64_t per = (row_tiles + nt - 1) / nt;
-    const int64_t j0 = std::min(n, panel_rows + per * t * kRowsPerTile);
-    const int64_t j1 = std::min(n, panel_rows + per * (t + 1) * kRowsPerTile);
-    if (j0 < j1) gemm_rows(xq, sx, 0, m, w, j0, j1, y, avx2);
+    }
+    for (int64_t u; (u = units.next(t)) >= 0;) run_unit(*s, u);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
 
 namespace tessera::cpu {
 
@@ -231,13 +232,9 @@ void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
   }
   const KQuantX& shared = xq;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = (tiles + nt - 1) / nt;
-    const int64_t j0 = std::min(n, per * t * kRowsPerTile), j1 = std::min(n, per * (t + 1) * kRowsPerTile);
-    if (j0 < j1) gemm_rows<Format>(shared, m, w, y, j0, j1);
-  }
+  for_units(tiles, [&](int64_t t) {
+    gemm_rows<Format>(shared, m, w, y, t * kRowsPerTile, std::min(n, (t + 1) * kRowsPerTile));
+  });
 }
 
 }  // namespace

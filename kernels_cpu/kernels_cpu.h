@@ -16,6 +16,10 @@ inline constexpr int64_t kParallelWork = int64_t(1) << 20;
 // half of the machine's bandwidth: they fork from this many bytes read, even when the work is small.
 inline constexpr int64_t kParallelStreamBytes = int64_t(256) << 10;
 
+// Rows of x up to which each thread of a GEMM's team quantizes its own copy (decode, small
+// batches): cheaper than a barrier after quantizing them together.
+inline constexpr int64_t kOwnQuantizeRows = 6;
+
 // body(i) for i in [0, n), split statically over the OpenMP team only when `parallel`. Not
 // `omp parallel for if (...)`: that still enters the runtime (~0.6 us a call, futex wake-ups
 // included), more than a decode step's norms, ropes and adds take, ~40 times per token.

@@ -14,6 +14,8 @@
 
 #include "test_util.h"
 #include "tessera/device_buffer.h"
+#include "tessera/quantize_blocks.h"
+#include "tessera/quantizer.h"
 
 namespace tessera {
 namespace {
@@ -145,6 +147,52 @@ TEST(CpuGemm, PackedF32MatchesTheRowMajorWeight) {
   const auto got = gemm(packed.view, x.data(), m);
   const auto want = gemm(WeightView{plain.get(), DType::F32, n, k}, x.data(), m);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::abs(want[i]))) << i;
+}
+
+// Every quantized format through its quantizer, as the engine builds Linears: the GEMMs split the
+// weight over the team and let a thread that is done take the others' remaining rows, so which
+// thread computes a row varies from call to call. A row's bits must not. Four threads on this
+// machine's cores make the stealing frequent; 1030 rows leave tails after the last panel or band,
+// and the weights are large enough (> 256 KiB) that decode forks.
+TEST(CpuGemm, QuantizedFormatsGiveTheSameBitsOnOneThreadOrFourAloneOrInABatch) {
+  struct Case {
+    const char* quantizer;
+    nlohmann::json params;
+    DType stored;
+  };
+  const std::vector<Case> cases = {{"int8", nlohmann::json::object(), DType::F32},
+                                   {"int4", {{"group_size", 32}}, DType::F32},
+                                   {"int4", {{"group_size", 128}, {"scheme", "asymmetric"}}, DType::F32},
+                                   {"gguf", nlohmann::json::object(), DType::Q8_0},
+                                   {"gguf", nlohmann::json::object(), DType::Q4_0},
+                                   {"gguf", nlohmann::json::object(), DType::Q4_K},
+                                   {"gguf", nlohmann::json::object(), DType::Q6_K},
+                                   {"none", {{"dtype", "f16"}}, DType::F32},
+                                   {"none", nlohmann::json::object(), DType::F32}};
+  const int64_t m = 13, n = 1030, k = 512;
+  const auto w = random_floats(size_t(n * k), 17);
+  const auto x = random_floats(size_t(m * k), 18, -3, 3);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.quantizer) + " " + c.params.dump() + " on " + std::string(dtype_name(c.stored)));
+    std::vector<uint8_t> stored(dtype_row_bytes(c.stored, k) * size_t(n));
+    for (int64_t r = 0; r < n; ++r) {
+      quantize_row(c.stored, w.data() + r * k, stored.data() + size_t(r) * dtype_row_bytes(c.stored, k), k);
+    }
+    auto quantizer = test::plugins().create<Quantizer>(c.quantizer, c.params, "test");
+    auto linear = quantizer->make_linear(cpu_backend(), WeightSource{"blk.0.ffn_up.weight", c.stored, stored.data(), n, k});
+    cpu_backend().set_threads(1);
+    const auto want = test::linear_forward(*linear, x, m);
+    cpu_backend().set_threads(4);
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      EXPECT_EQ(test::linear_forward(*linear, x, m), want) << "a batch of " << m << " on four threads";
+      for (int64_t i = 0; i < m; ++i) {
+        const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+        const auto alone = test::linear_forward(*linear, row, 1);
+        ASSERT_EQ(0, std::memcmp(alone.data(), want.data() + i * n, size_t(n) * sizeof(float))) << "row " << i;
+      }
+    }
+  }
+  cpu_backend().set_threads(2);
 }
 
 }  // namespace

@@ -1,0 +1,71 @@
+// StealingBands (kernels_cpu/stealing_bands_cpu.h), how the CPU GEMMs share a weight's rows: every
+// unit is handed out exactly once whatever the team does, each thread walks its own band in order
+// (its reads stay one sequential stream), and units of a band without a thread are still taken.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "stealing_bands_cpu.h"
+
+namespace tessera::cpu {
+namespace {
+
+// Units each thread of a team of `team` got, in the order it got them.
+std::vector<std::vector<int64_t>> hand_out(StealingBands& units, int team) {
+  std::vector<std::vector<int64_t>> got(static_cast<size_t>(team));
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    for (int64_t u; (u = units.next(t)) >= 0;) got[size_t(t)].push_back(u);
+  }
+  return got;
+}
+
+TEST(StealingBands, EveryUnitGoesToExactlyOneThread) {
+  for (int threads : {1, 2, 3, 8}) {
+    for (int64_t n : {0, 1, 5, 64, 1001}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", units " + std::to_string(n));
+      for (int round = 0; round < 20; ++round) {
+        StealingBands units(n, threads);
+        std::vector<int64_t> all;
+        for (const auto& g : hand_out(units, threads)) all.insert(all.end(), g.begin(), g.end());
+        std::sort(all.begin(), all.end());
+        std::vector<int64_t> want(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) want[size_t(i)] = i;
+        ASSERT_EQ(all, want);
+        EXPECT_EQ(units.next(0), -1) << "all taken";
+      }
+    }
+  }
+}
+
+TEST(StealingBands, WhatAThreadTakesOfItsOwnBandIsItsFrontInOrder) {
+  const int threads = 4;
+  const int64_t n = 400;  // bands of 100
+  for (int round = 0; round < 20; ++round) {
+    StealingBands units(n, threads);
+    const auto got = hand_out(units, threads);
+    for (int t = 0; t < threads; ++t) {
+      // A thread that starts late may find its band taken; what it does get of it is the front.
+      int64_t expected = 100 * t;
+      for (const int64_t u : got[size_t(t)]) {
+        if (u >= 100 * t && u < 100 * (t + 1)) EXPECT_EQ(u, expected++) << "thread " << t;
+      }
+    }
+  }
+}
+
+TEST(StealingBands, BandsWithoutAThreadAreStolen) {
+  StealingBands units(90, 3);  // three bands, but only one thread asks
+  std::vector<int64_t> got;
+  for (int64_t u; (u = units.next(0)) >= 0;) got.push_back(u);
+  ASSERT_EQ(got.size(), 90u);
+  for (int64_t i = 0; i < 30; ++i) EXPECT_EQ(got[size_t(i)], i) << "its own band first, in order";
+  EXPECT_EQ(got[30], 59) << "then the (first) fullest band, from its end";
+  EXPECT_EQ(got[31], 89) << "then the other, now the fullest";
+}
+
+}  // namespace
+}  // namespace tessera::cpu
