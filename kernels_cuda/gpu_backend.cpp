@@ -191,6 +191,13 @@ class GpuBackend final : public Backend {
     activate();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy_on_device");
   }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 int64_t rows) override {
+    if (rows <= 0 || row_bytes == 0) return;
+    activate();
+    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, size_t(rows), cudaMemcpyDeviceToDevice, stream_),
+          "copy_rows");
+  }
   void fill_zero(void* dst, size_t bytes) override {
     activate();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");

@@ -59,13 +59,16 @@ ModelConfig read_model_config(const GgufFile& file) {
 
 struct Model::Layer {
   DeviceBuffer attn_norm, ffn_norm;
+  // q|k|v and gate|up as one Linear each where the quantizer stores the parts alike (wq, wk, wv,
+  // w_gate, w_up are then null).
+  std::unique_ptr<Linear> wqkv, w_gate_up;
   std::unique_ptr<Linear> wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 struct Model::Scratch {
   int64_t capacity = 0;  // tokens
   int64_t logit_capacity = 0;
-  DeviceBuffer x, xb, q, k, v, att, hb, hb2, ids, positions, slots, seqs, block_tables, logits;
+  DeviceBuffer x, xb, q, k, v, att, hb, hb2, qkv, gate_up, ids, positions, slots, seqs, block_tables, logits;
   std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
   std::vector<AttentionSeqDesc> host_seqs;
 };
@@ -126,6 +129,27 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     formats_.push_back(l->format());
     return l;
   };
+  // Weights that share their input as one Linear, or null where the quantizer keeps them apart.
+  auto fused = [&](const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) {
+    std::vector<WeightSource> sources;
+    int64_t out = 0;
+    for (const auto& [name, rows] : parts) {
+      sources.push_back(source_of(require_tensor(f, name, {in, rows}), name));
+      out += rows;
+    }
+    std::unique_ptr<Linear> l = quantizer.make_fused_linear(backend_, sources);
+    if (l == nullptr) return l;
+    if (l->out_features() != out || l->in_features() != in) {
+      throw Error("quantizer's fused Linear for " + parts.front().first + "... is " +
+                  std::to_string(l->out_features()) + "x" + std::to_string(l->in_features()) + ", expected " +
+                  std::to_string(out) + "x" + std::to_string(in));
+    }
+    weight_bytes_ += l->resident_bytes();
+    decode_bytes_per_token_ += l->resident_bytes();
+    layer_macs_per_token_ += in * out;
+    for (size_t i = 0; i < parts.size(); ++i) formats_.push_back(l->format());  // one per weight
+    return l;
+  };
 
   const GgufTensor& emb = require_tensor(f, "token_embd.weight", {c.dim, c.vocab});
   if (!backend_.supports(Op::embedding, emb.dtype)) {
@@ -144,13 +168,20 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     const std::string p = "blk." + std::to_string(i) + ".";
     L.attn_norm = norm(p + "attn_norm.weight");
     L.ffn_norm = norm(p + "ffn_norm.weight");
-    L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
-    L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
-    L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
+    L.wqkv = fused({{p + "attn_q.weight", c.dim}, {p + "attn_k.weight", kv_dim}, {p + "attn_v.weight", kv_dim}}, c.dim);
+    if (L.wqkv == nullptr) {
+      L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
+      L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
+      L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
+    }
     L.wo = linear(p + "attn_output.weight", c.dim, c.dim);
-    L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim);
-    L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    L.w_gate_up = fused({{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}}, c.dim);
+    if (L.w_gate_up == nullptr) {
+      L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim);
+      L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
+    }
     L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim);
+    any_fused_ = any_fused_ || L.wqkv != nullptr || L.w_gate_up != nullptr;
   }
   output_norm_ = norm("output_norm.weight");
   if (c.tied_output) {
@@ -255,6 +286,10 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     f32(s.att, c.dim);
     f32(s.hb, c.ffn_dim);
     f32(s.hb2, c.ffn_dim);
+    if (any_fused_) {
+      f32(s.qkv, c.dim + 2 * kv_dim);
+      f32(s.gate_up, 2 * c.ffn_dim);
+    }
     s.capacity = cap;
   }
   upload_step(batch, cache);
@@ -262,12 +297,16 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   const auto* pos = s.positions.as<int32_t>();
   float* x = s.x.as<float>();
   float* xb = s.xb.as<float>();
-  float* q = s.q.as<float>();
-  float* k = s.k.as<float>();
-  float* v = s.v.as<float>();
   float* att = s.att.as<float>();
-  float* hb = s.hb.as<float>();
-  float* hb2 = s.hb2.as<float>();
+  // A fused Linear's output holds each token's parts side by side: one token's parts are already
+  // contiguous; a batch's are copied apart.
+  auto split = [&](float* joined, int64_t width, std::initializer_list<std::pair<float*, int64_t>> parts) {
+    int64_t at = 0;
+    for (const auto& [dst, cols] : parts) {
+      backend_.copy_rows(dst, size_t(cols) * 4, joined + at, size_t(width) * 4, size_t(cols) * 4, T);
+      at += cols;
+    }
+  };
 
   AttentionStep step;
   step.n_tokens = T;
@@ -284,17 +323,42 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   for (int64_t l = 0; l < layers; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     backend_.rms_norm(x, L.attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
-    L.wq->forward(xb, T, q);
-    L.wk->forward(xb, T, k);
-    L.wv->forward(xb, T, v);
+    float* q = s.q.as<float>();
+    float* k = s.k.as<float>();
+    float* v = s.v.as<float>();
+    if (L.wqkv != nullptr) {
+      float* qkv = s.qkv.as<float>();
+      L.wqkv->forward(xb, T, qkv);
+      if (T == 1) {
+        q = qkv, k = qkv + c.dim, v = qkv + c.dim + kv_dim;
+      } else {
+        split(qkv, c.dim + 2 * kv_dim, {{q, c.dim}, {k, kv_dim}, {v, kv_dim}});
+      }
+    } else {
+      L.wq->forward(xb, T, q);
+      L.wk->forward(xb, T, k);
+      L.wv->forward(xb, T, v);
+    }
     backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     backend_.rope(k, pos, T, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     attention.forward(backend_, step, cache.layer(l), q, k, v, att);
     L.wo->forward(att, T, xb);
     backend_.add(x, xb, x, T * c.dim);
     backend_.rms_norm(x, L.ffn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
-    L.w_gate->forward(xb, T, hb);
-    L.w_up->forward(xb, T, hb2);
+    float* hb = s.hb.as<float>();
+    float* hb2 = s.hb2.as<float>();
+    if (L.w_gate_up != nullptr) {
+      float* gate_up = s.gate_up.as<float>();
+      L.w_gate_up->forward(xb, T, gate_up);
+      if (T == 1) {
+        hb = gate_up, hb2 = gate_up + c.ffn_dim;
+      } else {
+        split(gate_up, 2 * c.ffn_dim, {{hb, c.ffn_dim}, {hb2, c.ffn_dim}});
+      }
+    } else {
+      L.w_gate->forward(xb, T, hb);
+      L.w_up->forward(xb, T, hb2);
+    }
     backend_.silu_mul(hb, hb2, hb, T * c.ffn_dim);
     L.w_down->forward(hb, T, xb);
     backend_.add(x, xb, x, T * c.dim);

@@ -9,6 +9,7 @@
 #include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
+#include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
 #include "tessera/tensor_pattern.h"
 
@@ -20,7 +21,24 @@ class GgufQuantizer final : public Quantizer {
   explicit GgufQuantizer(const Params& p) : keep_float_(p.get_string_list("keep_float")) {}
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
-    if (!dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name)) {
+    return build(backend, w, expands(w));
+  }
+
+  // Parts stored alike (one type, all or none expanded by keep_float) are joined.
+  std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) override {
+    const auto joined = JoinedWeight::join(parts);
+    if (!joined) return nullptr;
+    for (const WeightSource& p : parts) {
+      if (expands(p) != expands(parts[0])) return nullptr;
+    }
+    return build(backend, joined->source(), expands(parts[0]));
+  }
+
+ private:
+  bool expands(const WeightSource& w) const { return !dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name); }
+
+  std::unique_ptr<Linear> build(Backend& backend, const WeightSource& w, bool expand) {
+    if (expand) {
       return make_float_linear(backend, w, DType::F32, "quantizer 'gguf' (keep_float)", "keep_float");
     }
     if (!backend.supports(Op::gemm, w.dtype)) {
@@ -35,7 +53,6 @@ class GgufQuantizer final : public Quantizer {
     return std::make_unique<BackendLinear>(backend, std::move(buf), view, std::string(dtype_name(w.dtype)));
   }
 
- private:
   std::vector<std::string> keep_float_;
 };
 

@@ -25,6 +25,7 @@
 #include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
+#include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
 #include "tessera/tensor_pattern.h"
 
@@ -221,7 +222,23 @@ class Int4Quantizer final : public Quantizer {
   }
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
-    const Choice c = choice_for(w.name);
+    return build(backend, w, choice_for(w.name));
+  }
+
+  // Rows are quantized one by one, so parts with one choice (scheme and group size) join.
+  std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) override {
+    const auto joined = JoinedWeight::join(parts);
+    if (!joined) return nullptr;
+    const Choice c = choice_for(parts[0].name);
+    for (const WeightSource& p : parts) {
+      const Choice other = choice_for(p.name);
+      if (other.scheme != c.scheme || other.group_size != c.group_size) return nullptr;
+    }
+    return build(backend, joined->source(), c);
+  }
+
+ private:
+  std::unique_ptr<Linear> build(Backend& backend, const WeightSource& w, const Choice& c) {
     if (c.scheme == Scheme::keep_float) return make_float(backend, w, "keep_float");
     if (w.cols % c.group_size != 0) {
       return make_float(backend, w, "fallback: " + std::to_string(w.cols) + " cols not a multiple of " +
@@ -285,7 +302,6 @@ class Int4Quantizer final : public Quantizer {
     return std::make_unique<Int4Linear>(backend, std::move(buf), view, c.scheme);
   }
 
- private:
   static int64_t checked_group(int64_t g, const std::string& where) {
     if (g != 32 && g != 64 && g != 128) {
       throw Error("int4: parameter '" + where + "' is " + std::to_string(g) + "; expected 32, 64 or 128");

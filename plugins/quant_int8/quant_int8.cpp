@@ -12,6 +12,7 @@
 #include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
 #include "tessera/error.h"
+#include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
 #include "tessera/tensor_pattern.h"
 
@@ -38,7 +39,23 @@ class Int8Quantizer final : public Quantizer {
         cpu_variant_(cpu_variant(p.get_string("kernel"))) {}
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
-    if (tensor_matches_any(keep_float_, w.name)) {
+    return build(backend, w, tensor_matches_any(keep_float_, w.name));
+  }
+
+  // Rows are quantized one by one (a scale each), so parts that keep_float treats alike join.
+  std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) override {
+    const auto joined = JoinedWeight::join(parts);
+    if (!joined) return nullptr;
+    const bool keep = tensor_matches_any(keep_float_, parts[0].name);
+    for (const WeightSource& p : parts) {
+      if (tensor_matches_any(keep_float_, p.name) != keep) return nullptr;
+    }
+    return build(backend, joined->source(), keep);
+  }
+
+ private:
+  std::unique_ptr<Linear> build(Backend& backend, const WeightSource& w, bool keep_float) {
+    if (keep_float) {
       return make_float_linear(backend, w, std::nullopt, "quantizer 'int8' (keep_float)");
     }
     if (!backend.supports(Op::gemm, DType::I8)) {
@@ -78,7 +95,6 @@ class Int8Quantizer final : public Quantizer {
     return std::make_unique<BackendLinear>(backend, std::move(data), view, "int8", std::move(scales));
   }
 
- private:
   // Symmetric per-row quantization: scale = absmax/127, q = round(x/scale); an all-zero row gets
   // scale 0 and zeros.
   static float quantize_row(const float* x, int64_t k, int8_t* q, const std::string& name, int64_t r) {
@@ -95,8 +111,6 @@ class Int8Quantizer final : public Quantizer {
     }
     return scale;
   }
-
-
 
   std::vector<std::string> keep_float_;
   int32_t cpu_variant_;

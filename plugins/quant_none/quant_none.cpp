@@ -6,6 +6,7 @@
 
 #include "tessera/backend_linear.h"
 #include "tessera/error.h"
+#include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
 
 namespace tessera {
@@ -21,6 +22,12 @@ class NoneQuantizer final : public Quantizer {
     if (dtype_ == "f16") target = DType::F16;
     if (dtype_ == "bf16") target = DType::BF16;
     return make_float_linear(backend, w, target, "quantizer 'none'");
+  }
+
+  // Every tensor is kept alike.
+  std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) override {
+    const auto joined = JoinedWeight::join(parts);
+    return joined ? make_linear(backend, joined->source()) : nullptr;
   }
 
  private:

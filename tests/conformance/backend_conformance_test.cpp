@@ -197,6 +197,24 @@ TEST_P(BackendConformance, MemoryRoundTripsCopiesAndZeroes) {
   }
 }
 
+TEST_P(BackendConformance, CopyRowsMovesAColumnRangeOfEveryRow) {
+  // What the model does with a fused q|k|v output of 5 tokens: take k (columns 12..19 of 28 floats)
+  // into its own 8-float rows, leaving everything else in the destination alone.
+  const int64_t rows = 5, width = 28, from = 12, cols = 8;
+  std::vector<float> src(size_t(rows * width));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+  DeviceBuffer a = upload(b(), src);
+  DeviceBuffer c = poisoned_floats(b(), size_t(rows * cols + 3));
+  b().copy_rows(c.as<float>(), size_t(cols) * 4, a.as<float>() + from, size_t(width) * 4, size_t(cols) * 4, rows);
+  b().synchronize();
+  const auto got = download<float>(b(), c.get(), size_t(rows * cols + 3));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) EXPECT_EQ(got[size_t(r * cols + j)], src[size_t(r * width + from + j)]) << r << "," << j;
+  }
+  EXPECT_TRUE(all_nan(std::span<const float>(got).subspan(size_t(rows * cols)))) << "copy_rows wrote past the rows";
+  b().copy_rows(c.as<float>(), size_t(cols) * 4, a.as<float>(), size_t(width) * 4, size_t(cols) * 4, 0);  // nothing
+}
+
 // ---- gemm -----------------------------------------------------------------------------------------
 
 // Error allowed per output, relative to sum_i |x_i * w_i| (so cancellation cannot make a correct

@@ -191,6 +191,63 @@ TEST_P(QuantizerConformance, LinearsAreIndependent) {
   EXPECT_NE(download<float>(b, yb.get(), size_t(rows)), before);
 }
 
+TEST_P(QuantizerConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
+  // A layer's q, k and v as the model asks for them: one Linear whose outputs are the parts' side
+  // by side, each as the part's own Linear computes it (row counts are whole 16-row tiles, as in
+  // real models, so no kernel puts a row in a different tile), or null, and then the model keeps
+  // the parts apart. Parts of different types are never joined.
+  Backend& b = cpu();
+  const int64_t cols = 64;
+  const std::vector<std::pair<std::string, int64_t>> shapes = {
+      {"blk.1.attn_q.weight", 48}, {"blk.1.attn_k.weight", 16}, {"blk.1.attn_v.weight", 16}};
+  for (DType src : {DType::F32, DType::F16, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(src));
+    for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
+      SCOPED_TRACE(variant.label);
+      auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
+      std::vector<Source> sources;
+      std::vector<WeightSource> parts;
+      for (size_t i = 0; i < shapes.size(); ++i) sources.push_back(make_source(src, shapes[i].second, cols, 50 + i));
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        parts.push_back({shapes[i].first, src, sources[i].bytes.data(), shapes[i].second, cols});
+      }
+      std::unique_ptr<Linear> fused = quantizer->make_fused_linear(b, parts);
+      if (fused == nullptr) continue;
+      ASSERT_EQ(fused->out_features(), 80);
+      ASSERT_EQ(fused->in_features(), cols);
+      const int64_t m = 3;
+      const auto x = random_floats(size_t(m * cols), 60, -2, 2);
+      DeviceBuffer xb = upload(b, x);
+      DeviceBuffer yb = poisoned_floats(b, size_t(m * 80));
+      fused->forward(xb.as<float>(), m, yb.as<float>());
+      const auto y = download<float>(b, yb.get(), size_t(m * 80));
+      int64_t at = 0;
+      size_t bytes = 0;
+      for (const WeightSource& part : parts) {
+        auto alone = quantizer->make_linear(b, part);
+        EXPECT_EQ(alone->format(), fused->format()) << part.name;
+        bytes += alone->resident_bytes();
+        DeviceBuffer ya = poisoned_floats(b, size_t(m * part.rows));
+        alone->forward(xb.as<float>(), m, ya.as<float>());
+        const auto want = download<float>(b, ya.get(), size_t(m * part.rows));
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < part.rows; ++j) {
+            ASSERT_EQ(y[size_t(i * 80 + at + j)], want[size_t(i * part.rows + j)])
+                << part.name << " row " << j << " of x row " << i;
+          }
+        }
+        at += part.rows;
+      }
+      EXPECT_EQ(fused->resident_bytes(), bytes) << "the fused weight is the parts' storage, no more";
+    }
+  }
+  auto quantizer = create_default<Quantizer>(GetParam());
+  const Source a = make_source(DType::F32, 16, cols, 70), c = make_source(DType::F16, 16, cols, 71);
+  const std::vector<WeightSource> mixed = {{"blk.0.ffn_gate.weight", DType::F32, a.bytes.data(), 16, cols},
+                                           {"blk.0.ffn_up.weight", DType::F16, c.bytes.data(), 16, cols}};
+  EXPECT_EQ(quantizer->make_fused_linear(b, mixed), nullptr) << "f32 and f16 parts joined";
+}
+
 INSTANTIATE_TEST_SUITE_P(Quantizers, QuantizerConformance,
                          testing::ValuesIn(plugin_names(ComponentKind::quantizer)), param_name);
 

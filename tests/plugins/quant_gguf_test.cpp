@@ -172,6 +172,17 @@ TEST(Gguf, KeepFloatExpandsOnlyTheNamedTensors) {
   auto l = gguf({{"keep_float", {"blk.0.*"}}})->make_linear(*cpu_backend(), source(t));
   EXPECT_EQ(l->format(), "f32 (keep_float)");
   EXPECT_EQ(l->resident_bytes(), size_t(t.rows() * t.row_length() * 4));
+
+  // A layer's q|k|v joins only where keep_float treats the parts alike.
+  std::vector<WeightSource> qkv;
+  for (const char* part : {"attn_q", "attn_k", "attn_v"}) {
+    qkv.push_back(source(*file->find_tensor(std::string("blk.1.") + part + ".weight")));
+  }
+  EXPECT_EQ(gguf({{"keep_float", {"*.attn_v.*"}}})->make_fused_linear(*cpu_backend(), qkv), nullptr);
+  auto joined = gguf({{"keep_float", {"blk.0.*"}}})->make_fused_linear(*cpu_backend(), qkv);
+  ASSERT_NE(joined, nullptr);
+  EXPECT_EQ(joined->format(), "q8_0");
+  EXPECT_EQ(joined->resident_bytes(), size_t(qkv[0].rows + qkv[1].rows + qkv[2].rows) * 2 * 34) << "the blocks as stored";
 }
 
 TEST(Gguf, FloatAndQ4Files) {

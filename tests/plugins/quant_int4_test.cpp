@@ -341,6 +341,21 @@ TEST(Int4, KeepFloatOverridesAndFallbackChooseTheFormatPerTensor) {
     }
   }
   EXPECT_EQ(kept->resident_bytes(), size_t(rows * k * 4));
+
+  // A layer's weights join only where one choice covers them all.
+  auto parts = [&](const std::vector<std::string>& names) {
+    std::vector<WeightSource> out;
+    for (const auto& name : names) out.push_back({name, DType::F32, w.data(), rows, k});
+    return out;
+  };
+  auto qkv = q->make_fused_linear(cpu_backend(), parts({"blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight"}));
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->format(), "int4/g64/asym");
+  EXPECT_EQ(q->make_fused_linear(cpu_backend(), parts({"blk.2.ffn_gate.weight", "blk.2.ffn_up.weight"})), nullptr)
+      << "ffn_up is kept in float, ffn_gate is not";
+  auto gate_up = q->make_fused_linear(cpu_backend(), parts({"blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"}));
+  ASSERT_NE(gate_up, nullptr);
+  EXPECT_EQ(gate_up->format(), "int4/g32/sym");
 }
 
 TEST(Int4, Stories260KFormatsPerLayer) {

@@ -201,6 +201,28 @@ TEST(QuantInt8, KeepFloatKeepsMatchingTensorsAsQuantizerNoneWould) {
   EXPECT_LT(all->model().weight_bytes(), p->model().weight_bytes());
 }
 
+TEST(QuantInt8, JoinsOnlyPartsThatKeepFloatTreatsAlike) {
+  auto q = int8({{"keep_float", {"*.attn_k.*", "blk.0.*"}}});
+  const int64_t n = 16, k = 32;
+  const auto w = random_floats(size_t(n * k), 42);
+  auto parts = [&](int layer) {
+    const std::string b = "blk." + std::to_string(layer) + ".";
+    return std::vector<WeightSource>{{b + "attn_q.weight", DType::F32, w.data(), n, k},
+                                     {b + "attn_k.weight", DType::F32, w.data(), n, k},
+                                     {b + "attn_v.weight", DType::F32, w.data(), n, k}};
+  };
+  EXPECT_EQ(q->make_fused_linear(cpu_backend(), parts(1)), nullptr) << "k is kept in float, q and v are not";
+  auto kept = q->make_fused_linear(cpu_backend(), parts(0));
+  ASSERT_NE(kept, nullptr) << "all three kept in float";
+  EXPECT_EQ(kept->format(), "f32");
+  EXPECT_EQ(kept->out_features(), 3 * n);
+  const std::vector<WeightSource> ffn = {{"blk.1.ffn_gate.weight", DType::F32, w.data(), n, k},
+                                         {"blk.1.ffn_up.weight", DType::F32, w.data(), n, k}};
+  auto joined = q->make_fused_linear(cpu_backend(), ffn);
+  ASSERT_NE(joined, nullptr);
+  EXPECT_EQ(joined->format(), "int8");
+}
+
 TEST(QuantInt8, RejectsBadParametersNamingThem) {
   try {
     int8({{"kernel", "vnni512"}});

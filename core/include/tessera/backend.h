@@ -109,6 +109,16 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  // `rows` rows of `row_bytes` from src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart),
+  // both device memory; the model splits a fused GEMM's output (q|k|v of each token) with it. The
+  // default copies row by row; a GPU backend does it in one call.
+  virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                         int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      copy_on_device(static_cast<char*>(dst) + size_t(r) * dst_pitch,
+                     static_cast<const char*>(src) + size_t(r) * src_pitch, row_bytes);
+    }
+  }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
 

@@ -92,6 +92,7 @@ class Model {
   size_t decode_bytes_per_token_ = 0;
   int64_t layer_macs_per_token_ = 0;
   std::vector<std::string> formats_;
+  bool any_fused_ = false;  // some layer runs q|k|v or gate|up as one Linear
 
   // Per-step scratch, grown on demand.
   struct Scratch;

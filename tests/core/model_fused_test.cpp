@@ -1,0 +1,105 @@
+// The model runs a layer's q|k|v and gate|up as one Linear each where the quantizer stores the
+// parts alike (Quantizer::make_fused_linear). Fusing is a speed-up only: the logits must be the
+// ones the separate Linears give, for a prompt (several tokens a step: the fused output is split
+// per token) and for decode steps (one token: the parts are used in place). Quantized formats
+// accumulate each row the same way wherever it sits: the same bits. Float weights may land in a
+// different kernel tile (stories260K's ffn has 172 rows, not whole 16-row panels), which sums in
+// another order: float rounding only.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tessera/gguf.h"
+#include "tessera/model.h"
+#include "tessera/pipeline.h"
+
+namespace tessera {
+namespace {
+
+// The pipeline's quantizer, declining every fusion: the model then builds each weight alone.
+class Apart final : public Quantizer {
+ public:
+  explicit Apart(Quantizer& inner) : inner_(inner) {}
+  std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
+    return inner_.make_linear(backend, w);
+  }
+
+ private:
+  Quantizer& inner_;
+};
+
+// Logits of a prompt in one step, then of `decode` more tokens one step each.
+std::vector<std::vector<float>> run(Model& model, Pipeline& p, const std::vector<int32_t>& prompt, int decode) {
+  Cache& cache = p.cache();
+  const SeqId seq = 4242;
+  CacheRequest req{seq, int64_t(prompt.size()) + decode, prompt, "test", false};
+  auto plan = cache.plan(std::span<const CacheRequest>(&req, 1));
+  EXPECT_TRUE(plan.has_value());
+  if (!plan) return {};
+  cache.commit(*plan);
+  std::vector<std::vector<float>> out;
+  ForwardSeq fs{seq, prompt, 0, int64_t(prompt.size())};
+  std::vector<float> logits;
+  model.forward(std::span<const ForwardSeq>(&fs, 1), p.attention(), cache, logits);
+  out.push_back(logits);
+  for (int i = 0; i < decode; ++i) {
+    const std::vector<int32_t> next = {int32_t(100 + 97 * i)};
+    ForwardSeq step{seq, next, int64_t(prompt.size()) + i, 1};
+    model.forward(std::span<const ForwardSeq>(&step, 1), p.attention(), cache, logits);
+    out.push_back(logits);
+  }
+  cache.release(seq);
+  return out;
+}
+
+TEST(ModelFused, GivesTheBitsOfSeparateLinears) {
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 313};
+  for (const auto& [model, quantizer] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {test::kStoriesF32, {{"plugin", "int8"}}},
+           {test::kStoriesF32, {{"plugin", "int4"}, {"group_size", 32}}},
+           {test::kStoriesQ8, {{"plugin", "gguf"}}}}) {
+    SCOPED_TRACE(model + " " + quantizer.dump());
+    auto p = test::cpu_pipeline(model, {{"quantizer", quantizer}});
+    Apart apart(p->quantizer());
+    Model separate(GgufFile::open(model), p->backend(), apart);
+    EXPECT_EQ(separate.weight_formats(), p->model().weight_formats()) << "every weight stored alike";
+    EXPECT_EQ(separate.weight_bytes(), p->model().weight_bytes());
+    const auto fused_logits = run(p->model(), *p, prompt, 3);
+    const auto separate_logits = run(separate, *p, prompt, 3);
+    ASSERT_EQ(fused_logits.size(), separate_logits.size());
+    for (size_t i = 0; i < fused_logits.size(); ++i) {
+      ASSERT_FALSE(fused_logits[i].empty());
+      EXPECT_EQ(fused_logits[i], separate_logits[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
+    }
+  }
+}
+
+TEST(ModelFused, FloatWeightsGiveTheSeparateLogitsToFloatRounding) {
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 313};
+  for (const std::string dtype : {"f32", "f16"}) {
+    SCOPED_TRACE(dtype);
+    auto p = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "none"}, {"dtype", dtype}}}});
+    Apart apart(p->quantizer());
+    Model separate(GgufFile::open(test::kStoriesF32), p->backend(), apart);
+    const auto fused_logits = run(p->model(), *p, prompt, 3);
+    const auto separate_logits = run(separate, *p, prompt, 3);
+    ASSERT_EQ(fused_logits.size(), separate_logits.size());
+    for (size_t i = 0; i < fused_logits.size(); ++i) {
+      ASSERT_EQ(fused_logits[i].size(), separate_logits[i].size());
+      for (size_t j = 0; j < fused_logits[i].size(); ++j) {
+        ASSERT_NEAR(fused_logits[i][j], separate_logits[i][j], 1e-4f * (1 + std::abs(separate_logits[i][j])))
+            << "step " << i << " logit " << j;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
