@@ -229,9 +229,9 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
       quantize(*s, std::min(m, per_m * t), std::min(m, per_m * (t + 1)));
 #pragma omp barrier
     }
-    for (int64_t b; (b = units.next(t)) >= 0;) {
-      gemm_rows({s->xq.data(), s->xd.data(), k}, m, w, b * kRowsPerBand, std::min(n, (b + 1) * kRowsPerBand), y, kern,
-                avx2);
+    for (UnitRange r; !(r = units.next(t)).empty();) {
+      gemm_rows({s->xq.data(), s->xd.data(), k}, m, w, r.begin * kRowsPerBand, std::min(n, r.end * kRowsPerBand), y,
+                kern, avx2);
     }
   }
 }

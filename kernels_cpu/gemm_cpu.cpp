@@ -242,9 +242,9 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
     gemm_rows(x, m, w, y, 0, n, unpacked);
     return;
   }
-  for_units(tiles, [&](int64_t t) {
+  for_units(tiles, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> unpacked;
-    gemm_rows(x, m, w, y, t * kRowsPerTile, std::min(n, (t + 1) * kRowsPerTile), unpacked);
+    gemm_rows(x, m, w, y, t0 * kRowsPerTile, std::min(n, t1 * kRowsPerTile), unpacked);
   });
 }
 

@@ -184,9 +184,9 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
   }
   // Decode: each panel streamed once, two at a time, in bands (stolen at the end, see
   // stealing_bands_cpu.h).
-  for_units((panels + 1) / 2, [&](int64_t u) {
+  for_units((panels + 1) / 2, [&](int64_t u0, int64_t u1) {
     thread_local std::vector<float> xp;
-    run_panels(x, m, w, y, 2 * u, std::min(panels, 2 * u + 2), xp);
+    run_panels(x, m, w, y, 2 * u0, std::min(panels, 2 * u1), xp);
   });
   return panels * kPanel;
 }

@@ -289,12 +289,14 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
 
   // Work units: the packed panels, then the row-major tiles after them.
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
-  auto run_unit = [&](const Scratch& s, int64_t u) {
-    if (u < panels) {
-      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, u, u + 1, y);
-    } else {
-      const int64_t j = panel_rows + (u - panels) * kRowsPerTile;
-      gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j, std::min(n, j + kRowsPerTile), y, avx2);
+  auto run_units = [&](const Scratch& s, UnitRange r) {
+    if (r.begin < panels) {
+      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
+    }
+    if (r.end > panels) {
+      const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
+      gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j0, std::min(n, panel_rows + (r.end - panels) * kRowsPerTile), y,
+                avx2);
     }
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
@@ -326,7 +328,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
       quantize(*s, std::min(blocks, per_b * t), std::min(blocks, per_b * (t + 1)));
 #pragma omp barrier
     }
-    for (int64_t u; (u = units.next(t)) >= 0;) run_unit(*s, u);
+    for (UnitRange r; !(r = units.next(t)).empty();) run_units(*s, r);
   }
 }
 

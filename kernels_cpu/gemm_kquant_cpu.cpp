@@ -232,8 +232,8 @@ void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
   }
   const KQuantX& shared = xq;
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
-  for_units(tiles, [&](int64_t t) {
-    gemm_rows<Format>(shared, m, w, y, t * kRowsPerTile, std::min(n, (t + 1) * kRowsPerTile));
+  for_units(tiles, [&](int64_t t0, int64_t t1) {
+    gemm_rows<Format>(shared, m, w, y, t0 * kRowsPerTile, std::min(n, t1 * kRowsPerTile));
   });
 }
 

@@ -15,6 +15,12 @@
 
 namespace tessera::cpu {
 
+// A run of units [begin, end); empty when there is nothing left.
+struct UnitRange {
+  int64_t begin = 0, end = 0;
+  bool empty() const { return begin >= end; }
+};
+
 class StealingBands {
  public:
   StealingBands(int64_t n, int threads) : bands_(size_t(threads)) {
@@ -25,11 +31,13 @@ class StealingBands {
     }
   }
 
-  // The next unit for thread t, or -1 when every unit is taken.
-  int64_t next(int t) {
+  // The next units for thread t: from the front of its own band an eighth of what is left there
+  // (at least one; few claims while much is left, small ones as the bands meet), else one unit
+  // from the back of the fullest band. Empty when every unit is taken.
+  UnitRange next(int t) {
     if (size_t(t) < bands_.size()) {
-      const int64_t own = take(bands_[size_t(t)], true);
-      if (own >= 0) return own;
+      const UnitRange own = take(bands_[size_t(t)], true);
+      if (!own.empty()) return own;
     }
     for (;;) {
       Band* victim = nullptr;
@@ -38,9 +46,9 @@ class StealingBands {
         const uint64_t r = b.range.load(std::memory_order_relaxed);
         if (end_of(r) - begin_of(r) > most) most = end_of(r) - begin_of(r), victim = &b;
       }
-      if (victim == nullptr) return -1;
-      const int64_t stolen = take(*victim, false);
-      if (stolen >= 0) return stolen;
+      if (victim == nullptr) return {};
+      const UnitRange stolen = take(*victim, false);
+      if (!stolen.empty()) return stolen;
     }
   }
 
@@ -53,28 +61,30 @@ class StealingBands {
   static int64_t begin_of(uint64_t r) { return int64_t(r >> 32); }
   static int64_t end_of(uint64_t r) { return int64_t(r & 0xffffffffu); }
 
-  // The front unit (owner) or the back one (thief) of a band, or -1 when it is empty.
-  static int64_t take(Band& band, bool front) {
+  static UnitRange take(Band& band, bool front) {
     uint64_t r = band.range.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t b = begin_of(r), e = end_of(r);
-      if (b >= e) return -1;
-      const uint64_t taken = front ? pack(b + 1, e) : pack(b, e - 1);
-      if (band.range.compare_exchange_weak(r, taken, std::memory_order_relaxed)) return front ? b : e - 1;
+      if (b >= e) return {};
+      const int64_t count = front ? std::max<int64_t>(1, (e - b) / 8) : 1;
+      const uint64_t taken = front ? pack(b + count, e) : pack(b, e - 1);
+      if (band.range.compare_exchange_weak(r, taken, std::memory_order_relaxed)) {
+        return front ? UnitRange{b, b + count} : UnitRange{e - 1, e};
+      }
     }
   }
 
   std::vector<Band> bands_;
 };
 
-// body(u) for every unit u in [0, n), over the OpenMP team, in stolen bands as above.
+// body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above.
 template <class Body>
 void for_units(int64_t n, const Body& body) {
   StealingBands units(n, omp_get_max_threads());
 #pragma omp parallel
   {
     const int t = omp_get_thread_num();
-    for (int64_t u; (u = units.next(t)) >= 0;) body(u);
+    for (UnitRange r; !(r = units.next(t)).empty();) body(r.begin, r.end);
   }
 }
 

@@ -18,7 +18,9 @@ std::vector<std::vector<int64_t>> hand_out(StealingBands& units, int team) {
 #pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
-    for (int64_t u; (u = units.next(t)) >= 0;) got[size_t(t)].push_back(u);
+    for (UnitRange r; !(r = units.next(t)).empty();) {
+      for (int64_t u = r.begin; u < r.end; ++u) got[size_t(t)].push_back(u);
+    }
   }
   return got;
 }
@@ -35,7 +37,7 @@ TEST(StealingBands, EveryUnitGoesToExactlyOneThread) {
         std::vector<int64_t> want(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) want[size_t(i)] = i;
         ASSERT_EQ(all, want);
-        EXPECT_EQ(units.next(0), -1) << "all taken";
+        EXPECT_TRUE(units.next(0).empty()) << "all taken";
       }
     }
   }
@@ -60,11 +62,29 @@ TEST(StealingBands, WhatAThreadTakesOfItsOwnBandIsItsFrontInOrder) {
 TEST(StealingBands, BandsWithoutAThreadAreStolen) {
   StealingBands units(90, 3);  // three bands, but only one thread asks
   std::vector<int64_t> got;
-  for (int64_t u; (u = units.next(0)) >= 0;) got.push_back(u);
+  for (UnitRange r; !(r = units.next(0)).empty();) {
+    for (int64_t u = r.begin; u < r.end; ++u) got.push_back(u);
+  }
   ASSERT_EQ(got.size(), 90u);
   for (int64_t i = 0; i < 30; ++i) EXPECT_EQ(got[size_t(i)], i) << "its own band first, in order";
   EXPECT_EQ(got[30], 59) << "then the (first) fullest band, from its end";
   EXPECT_EQ(got[31], 89) << "then the other, now the fullest";
+}
+
+TEST(StealingBands, AnOwnerClaimsAnEighthOfWhatIsLeftAndThievesOneUnit) {
+  StealingBands units(160, 2);  // bands [0, 80) and [80, 160)
+  UnitRange r = units.next(0);
+  EXPECT_EQ(r.begin, 0);
+  EXPECT_EQ(r.end, 10);
+  r = units.next(0);
+  EXPECT_EQ(r.begin, 10);
+  EXPECT_EQ(r.end, 18);  // 70 left: 8
+  while (units.next(0).begin < 80) {
+  }
+  // Thread 0 has finished its band and stole the last unit of thread 1's (the loop's last call).
+  r = units.next(1);
+  EXPECT_EQ(r.begin, 80) << "the owner still starts at its front";
+  EXPECT_EQ(r.end, 89) << "an eighth of the 79 units left";
 }
 
 }  // namespace
