@@ -150,7 +150,11 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   }
   work *= a.n_heads * kv.head_dim;
   kv_read *= 2 * kv.n_kv_heads * kv.head_dim * int64_t(sizeof(float));
-  const int threads = work > kParallelWork || kv_read > kParallelStreamBytes ? omp_get_max_threads() : 1;
+  // Decode attention forks from an eighth of the GEMMs' stream threshold: it runs between GEMVs
+  // whose team is still spinning (a fork costs ~1 us then), and on one thread the other core sat
+  // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).
+  const int threads =
+      work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? omp_get_max_threads() : 1;
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
     const int64_t chunk = std::max<int64_t>(1, (s.q_len + threads - 1) / threads);
