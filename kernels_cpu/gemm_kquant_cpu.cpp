@@ -85,6 +85,8 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+constexpr int64_t kPrefetchBytes = 4096;
+
 // Q4_K: 144 bytes per super-block — fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128
 // bytes whose 32-byte chunk c holds sub-block 2c in its low nibbles and 2c+1 in its high ones.
 struct Q4K {
@@ -210,6 +212,13 @@ __attribute__((target("avx2,fma,f16c"))) void gemm_rows(const KQuantX& xq, int64
         const float dx = xq.d[size_t(i * supers + b)];
         const uint8_t* blk[kRowsPerTile];
         for (int64_t r = 0; r < rows; ++r) blk[r] = base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes);
+        // The hardware prefetcher does not follow four rows read a super-block at a time: each
+        // row's bytes a few KiB ahead (the tiles after this one, rows being contiguous).
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t line = 0; line < Format::kBytes; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(blk[r]) + kPrefetchBytes + line, _MM_HINT_T0);
+          }
+        }
         if (rows == kRowsPerTile) {
           Format::template accumulate<kRowsPerTile>(blk, x, sums, dx, acc);
         } else {
