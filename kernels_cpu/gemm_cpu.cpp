@@ -109,7 +109,9 @@ __attribute__((target("avx2,fma,f16c"))) void dot4_half_avx2(const float* x, con
          a3 = _mm256_setzero_ps();
   for (int64_t i = 0; i < k; i += 8) {
     if ((i & 31) == 0) {  // once a cache line: the four row streams, which the hardware does not follow
-      for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + 2 * i) + kHalfPrefetchBytes, _MM_HINT_T0);
+      for (int r = 0; r < 4; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + 2 * i) + kHalfPrefetchBytes, _MM_HINT_T0);
+      }
     }
     const __m256 xv = _mm256_loadu_ps(x + i);
     a0 = _mm256_fmadd_ps(xv, load_half8<kDtype>(w[0], i), a0);

@@ -35,7 +35,9 @@ class GgufQuantizer final : public Quantizer {
   }
 
  private:
-  bool expands(const WeightSource& w) const { return !dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name); }
+  bool expands(const WeightSource& w) const {
+    return !dtype_is_float(w.dtype) && tensor_matches_any(keep_float_, w.name);
+  }
 
   std::unique_ptr<Linear> build(Backend& backend, const WeightSource& w, bool expand) {
     if (expand) {

@@ -179,7 +179,8 @@ TEST(CpuGemm, QuantizedFormatsGiveTheSameBitsOnOneThreadOrFourAloneOrInABatch) {
       quantize_row(c.stored, w.data() + r * k, stored.data() + size_t(r) * dtype_row_bytes(c.stored, k), k);
     }
     auto quantizer = test::plugins().create<Quantizer>(c.quantizer, c.params, "test");
-    auto linear = quantizer->make_linear(cpu_backend(), WeightSource{"blk.0.ffn_up.weight", c.stored, stored.data(), n, k});
+    auto linear =
+        quantizer->make_linear(cpu_backend(), WeightSource{"blk.0.ffn_up.weight", c.stored, stored.data(), n, k});
     cpu_backend().set_threads(1);
     const auto want = test::linear_forward(*linear, x, m);
     cpu_backend().set_threads(4);

@@ -209,7 +209,9 @@ TEST_P(BackendConformance, CopyRowsMovesAColumnRangeOfEveryRow) {
   b().synchronize();
   const auto got = download<float>(b(), c.get(), size_t(rows * cols + 3));
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < cols; ++j) EXPECT_EQ(got[size_t(r * cols + j)], src[size_t(r * width + from + j)]) << r << "," << j;
+    for (int64_t j = 0; j < cols; ++j) {
+      EXPECT_EQ(got[size_t(r * cols + j)], src[size_t(r * width + from + j)]) << r << "," << j;
+    }
   }
   EXPECT_TRUE(all_nan(std::span<const float>(got).subspan(size_t(rows * cols)))) << "copy_rows wrote past the rows";
   b().copy_rows(c.as<float>(), size_t(cols) * 4, a.as<float>(), size_t(width) * 4, size_t(cols) * 4, 0);  // nothing

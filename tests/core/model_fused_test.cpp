@@ -76,7 +76,8 @@ TEST(ModelFused, GivesTheBitsOfSeparateLinears) {
     ASSERT_EQ(fused_logits.size(), separate_logits.size());
     for (size_t i = 0; i < fused_logits.size(); ++i) {
       ASSERT_FALSE(fused_logits[i].empty());
-      EXPECT_EQ(fused_logits[i], separate_logits[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
+      EXPECT_EQ(fused_logits[i], separate_logits[i])
+          << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
     }
   }
 }

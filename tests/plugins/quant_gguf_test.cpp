@@ -182,7 +182,8 @@ TEST(Gguf, KeepFloatExpandsOnlyTheNamedTensors) {
   auto joined = gguf({{"keep_float", {"blk.0.*"}}})->make_fused_linear(*cpu_backend(), qkv);
   ASSERT_NE(joined, nullptr);
   EXPECT_EQ(joined->format(), "q8_0");
-  EXPECT_EQ(joined->resident_bytes(), size_t(qkv[0].rows + qkv[1].rows + qkv[2].rows) * 2 * 34) << "the blocks as stored";
+  EXPECT_EQ(joined->resident_bytes(), size_t(qkv[0].rows + qkv[1].rows + qkv[2].rows) * 2 * 34)
+      << "the blocks as stored";
 }
 
 TEST(Gguf, FloatAndQ4Files) {

@@ -43,8 +43,9 @@ class Quantizer {
   virtual std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& weight) = 0;
   // One Linear for weights that share their input (a layer's q, k, v; gate and up): its output
   // features are the parts' in the order given, each stored and computed as the part's own Linear
-  // would, float kernels perhaps summing in another order (tessera/joined_weight.h joins them). Null where this quantizer would store the parts
-  // differently (a per-tensor rule singles one out, their types differ): the model keeps them apart.
+  // would, float kernels perhaps summing in another order (tessera/joined_weight.h joins them).
+  // Null where this quantizer would store the parts differently (a per-tensor rule singles one
+  // out, their types differ): the model keeps them apart.
   virtual std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) {
     (void)backend;
     (void)parts;
