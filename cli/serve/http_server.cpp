@@ -188,12 +188,18 @@ void HttpServer::routes() {
                                       "(Content-Type: application/json)", "", "unsupported_media_type"));
         return;
       }
+      // Past the limit the rest is read and dropped, up to four times the limit, so that the client
+      // finishes sending and reads the 413: closing with its bytes unread resets the connection,
+      // and the client then sees a broken pipe instead of the answer.
       std::string body;
       bool too_large = false;
+      size_t seen = 0;
+      const size_t limit = size_t(config_.max_body_bytes);
       const bool whole = read([&](const char* data, size_t n) {
-        too_large = body.size() + n > size_t(config_.max_body_bytes);
+        seen += n;
+        too_large = too_large || seen > limit;
         if (!too_large) body.append(data, n);
-        return !too_large;
+        return seen <= 4 * limit;
       });
       if (too_large) {
         res.status = 413;  // the error handler words it
