@@ -52,6 +52,19 @@ __attribute__((target("avx2,fma"))) void tile(const int32_t* xp, const int8_t* w
   }
 }
 
+// Decode (one row of x, k even): tile<1>'s sums rescaled straight into y, the same products as the
+// general epilogue below (float(acc) · (sx · scale)), without the round trip through a buffer.
+__attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kh, float sx,
+                                                    const float* scales, float* y) {
+  alignas(32) int32_t acc[kPanel];
+  tile<1>(xp, wp, kh, acc);
+  const __m256 s = _mm256_set1_ps(sx);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc + 8 * h)));
+    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(v, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8 * h))));
+  }
+}
+
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
@@ -109,6 +122,12 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
   const int64_t kh = k / 2;
   const int64_t n = w.rows;
   const auto* panels = static_cast<const int8_t*>(w.data);
+  if (m == 1 && k % 2 == 0) {
+    for (int64_t q = q0; q < q1; ++q) {
+      row_into_y(xp, panels + q * kPanel * k, kh, sx[0], w.scales + q * kPanel, y + q * kPanel);
+    }
+    return;
+  }
   alignas(32) int32_t out[kMr * kPanel];
   for (int64_t q = q0; q < q1; ++q) {
     const int8_t* wp = panels + q * kPanel * k;
