@@ -2,8 +2,9 @@
 // its own contiguous band front to back, and a thread whose band is done takes units from the back
 // of the band with the most left. Decode's GEMVs are a memory stream whose speed differs between
 // cores from one call to the next; with fixed bands the first thread done waited for the other
-// at the join (a fifth of the thread time of an int8 decode), while stealing keeps each thread's
-// reads sequential until the bands meet. Compiled as C++17 (kernel sources).
+// at the join (with the barrier after quantizing x, waiting took a fifth of an int8 decode's thread
+// time, a tenth after), while stealing keeps each thread's reads sequential until the bands meet.
+// Compiled as C++17 (kernel sources).
 #pragma once
 
 #include <omp.h>
