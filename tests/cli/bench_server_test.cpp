@@ -66,9 +66,13 @@ TEST(BenchServer, ServedPipelineMatchesTheInProcessOneOnTheSameTrace) {
   EXPECT_EQ(served["throughput"]["prompt_tokens"], local["throughput"]["prompt_tokens"]);
   for (const char* metric : {"ttft", "tpot", "e2e"}) {
     EXPECT_TRUE(served["latency_ms"][metric]["p50"].is_number()) << metric;
-    EXPECT_GT(served["latency_ms"][metric]["p50"].get<double>(), 0.0) << metric;
     EXPECT_TRUE(served["ratios"][std::string(metric) + "_p50"].is_number()) << metric;
   }
+  EXPECT_GT(served["latency_ms"]["ttft"]["p50"].get<double>(), 0.0);
+  EXPECT_GT(served["latency_ms"]["e2e"]["p50"].get<double>(), 0.0);
+  // stories260K streams ~20k tokens/s: a short answer's tokens can all arrive in one read after
+  // the first, and the client then measures a TPOT of 0 (what it saw, not an error).
+  EXPECT_GE(served["latency_ms"]["tpot"]["p50"].get<double>(), 0.0);
   EXPECT_LE(served["latency_ms"]["ttft"]["p50"].get<double>(), served["latency_ms"]["e2e"]["p50"].get<double>());
   EXPECT_EQ(served["latency_ms"]["ttft"]["count"], 6);
   EXPECT_TRUE(served["classes"].contains("short"));
