@@ -215,22 +215,9 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
   Scratch* caller = &mine;
 #pragma omp parallel
   {
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    // A few rows of x (decode) each thread quantizes for itself, sooner than it would wait at a
-    // barrier; more are quantized together (rows split evenly) into the caller's scratch.
-    Scratch* s = caller;
-    if (m <= kOwnQuantizeRows) {
-      s = &mine;  // this thread's own
-      size_scratch(*s);
-      quantize(*s, 0, m);
-    } else {
-      const int64_t per_m = (m + nt - 1) / nt;
-      quantize(*s, std::min(m, per_m * t), std::min(m, per_m * (t + 1)));
-#pragma omp barrier
-    }
-    for (UnitRange r; !(r = units.next(t)).empty();) {
-      gemm_rows({s->xq.data(), s->xd.data(), k}, m, w, r.begin * kRowsPerBand, std::min(n, r.end * kRowsPerBand), y,
+    const Scratch& s = team_quantized_x(*caller, mine, m, m, size_scratch, quantize);  // slices: rows
+    for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) {
+      gemm_rows({s.xq.data(), s.xd.data(), k}, m, w, r.begin * kRowsPerBand, std::min(n, r.end * kRowsPerBand), y,
                 kern, avx2);
     }
   }

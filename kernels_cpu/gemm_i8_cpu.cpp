@@ -314,21 +314,8 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   Scratch* caller = &mine;
 #pragma omp parallel
   {
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    // A few rows of x (decode) each thread quantizes for itself, sooner than it would wait at a
-    // barrier; more are quantized together, split by 6-row blocks, into the caller's scratch.
-    Scratch* s = caller;
-    if (m <= kOwnQuantizeRows) {
-      s = &mine;  // this thread's own
-      size_scratch(*s);
-      quantize(*s, 0, blocks);
-    } else {
-      const int64_t per_b = (blocks + nt - 1) / nt;
-      quantize(*s, std::min(blocks, per_b * t), std::min(blocks, per_b * (t + 1)));
-#pragma omp barrier
-    }
-    for (UnitRange r; !(r = units.next(t)).empty();) run_units(*s, r);
+    const Scratch& s = team_quantized_x(*caller, mine, m, blocks, size_scratch, quantize);  // slices: 6-row blocks
+    for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) run_units(s, r);
   }
 }
 

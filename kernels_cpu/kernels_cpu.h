@@ -1,6 +1,9 @@
 // CPU kernels, one op per file. Internal to the CPU backend library; compiled as C++17.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,9 +19,26 @@ inline constexpr int64_t kParallelWork = int64_t(1) << 20;
 // half of the machine's bandwidth: they fork from this many bytes read, even when the work is small.
 inline constexpr int64_t kParallelStreamBytes = int64_t(256) << 10;
 
-// Rows of x up to which each thread of a GEMM's team quantizes its own copy (decode, small
-// batches): cheaper than a barrier after quantizing them together.
+// Inside a GEMM's team: the quantized x this thread reads. Up to kOwnQuantizeRows rows (decode,
+// small batches) every thread quantizes its own copy, sooner than it would wait at a barrier; more
+// are quantized together into the caller's scratch, its `parts` slices split evenly over the team,
+// then the team meets at a barrier. prepare(s) sizes a scratch; quantize(s, p0, p1) fills slices
+// [p0, p1).
 inline constexpr int64_t kOwnQuantizeRows = 6;
+template <class Scratch, class Prepare, class Quantize>
+Scratch& team_quantized_x(Scratch& callers, Scratch& own, int64_t m, int64_t parts, const Prepare& prepare,
+                          const Quantize& quantize) {
+  if (m <= kOwnQuantizeRows) {
+    prepare(own);
+    quantize(own, 0, parts);
+    return own;
+  }
+  const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+  const int64_t per = (parts + nt - 1) / nt;
+  quantize(callers, std::min(parts, per * t), std::min(parts, per * (t + 1)));
+#pragma omp barrier
+  return callers;
+}
 
 // body(i) for i in [0, n), split statically over the OpenMP team only when `parallel`. Not
 // `omp parallel for if (...)`: that still enters the runtime (~0.6 us a call, futex wake-ups

@@ -298,13 +298,28 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   float* x = s.x.as<float>();
   float* xb = s.xb.as<float>();
   float* att = s.att.as<float>();
-  // A fused Linear's output holds each token's parts side by side: one token's parts are already
-  // contiguous; a batch's are copied apart.
-  auto split = [&](float* joined, int64_t width, std::initializer_list<std::pair<float*, int64_t>> parts) {
+  // xb through weights that share it: each part's own Linear, or the fused one, whose output holds
+  // each token's parts side by side (one token's are used in place, a batch's copied apart).
+  struct Part {
+    Linear* alone;
+    float** out;
+    int64_t cols;
+  };
+  auto project = [&](Linear* fused, float* joined, std::initializer_list<Part> parts) {
+    if (fused == nullptr) {
+      for (const Part& p : parts) p.alone->forward(xb, T, *p.out);
+      return;
+    }
+    fused->forward(xb, T, joined);
+    const size_t pitch = size_t(fused->out_features()) * 4;
     int64_t at = 0;
-    for (const auto& [dst, cols] : parts) {
-      backend_.copy_rows(dst, size_t(cols) * 4, joined + at, size_t(width) * 4, size_t(cols) * 4, T);
-      at += cols;
+    for (const Part& p : parts) {
+      if (T == 1) {
+        *p.out = joined + at;
+      } else {
+        backend_.copy_rows(*p.out, size_t(p.cols) * 4, joined + at, pitch, size_t(p.cols) * 4, T);
+      }
+      at += p.cols;
     }
   };
 
@@ -326,19 +341,8 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     float* q = s.q.as<float>();
     float* k = s.k.as<float>();
     float* v = s.v.as<float>();
-    if (L.wqkv != nullptr) {
-      float* qkv = s.qkv.as<float>();
-      L.wqkv->forward(xb, T, qkv);
-      if (T == 1) {
-        q = qkv, k = qkv + c.dim, v = qkv + c.dim + kv_dim;
-      } else {
-        split(qkv, c.dim + 2 * kv_dim, {{q, c.dim}, {k, kv_dim}, {v, kv_dim}});
-      }
-    } else {
-      L.wq->forward(xb, T, q);
-      L.wk->forward(xb, T, k);
-      L.wv->forward(xb, T, v);
-    }
+    project(L.wqkv.get(), s.qkv.as<float>(),
+            {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
     backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     backend_.rope(k, pos, T, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     attention.forward(backend_, step, cache.layer(l), q, k, v, att);
@@ -347,18 +351,8 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     backend_.rms_norm(x, L.ffn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     float* hb = s.hb.as<float>();
     float* hb2 = s.hb2.as<float>();
-    if (L.w_gate_up != nullptr) {
-      float* gate_up = s.gate_up.as<float>();
-      L.w_gate_up->forward(xb, T, gate_up);
-      if (T == 1) {
-        hb = gate_up, hb2 = gate_up + c.ffn_dim;
-      } else {
-        split(gate_up, 2 * c.ffn_dim, {{hb, c.ffn_dim}, {hb2, c.ffn_dim}});
-      }
-    } else {
-      L.w_gate->forward(xb, T, hb);
-      L.w_up->forward(xb, T, hb2);
-    }
+    project(L.w_gate_up.get(), s.gate_up.as<float>(),
+            {{L.w_gate.get(), &hb, c.ffn_dim}, {L.w_up.get(), &hb2, c.ffn_dim}});
     backend_.silu_mul(hb, hb2, hb, T * c.ffn_dim);
     L.w_down->forward(hb, T, xb);
     backend_.add(x, xb, x, T * c.dim);
