@@ -62,6 +62,8 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
     c.port = int(*args.port);
   }
   // A flag replaces the file's key, whichever form either takes.
+  if (args.api_key) check_server_value("api_key", *args.api_key, "--api-key");
+  if (args.api_key_file) check_server_value("api_key_file", *args.api_key_file, "--api-key-file");
   if (args.api_key || args.api_key_file) {
     key = args.api_key.value_or("");
     key_file = args.api_key_file.value_or("");

@@ -40,10 +40,16 @@ size_t total_memory() {
   return 0;
 }
 
+constexpr int64_t kMaxThreads = 1024;
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const Params& params) {
     const int64_t threads = params.get_int("threads");
+    if (threads < 0 || threads > kMaxThreads) {
+      throw Error("threads = " + std::to_string(threads) + " is out of range (0 = all cores, or 1 to " +
+                  std::to_string(kMaxThreads) + ")");
+    }
     if (threads > 0) set_threads(static_cast<int>(threads));
   }
 
@@ -61,7 +67,14 @@ class CpuBackend final : public Backend {
       default: return dtype == DType::F32;
     }
   }
-  void set_threads(int threads) override { omp_set_num_threads(threads); }
+  void set_threads(int threads) override {
+    // OpenMP itself dies (inside GOMP_parallel) when it cannot start a team this large.
+    if (threads < 1 || threads > kMaxThreads) {
+      throw Error("cpu backend: " + std::to_string(threads) + " threads is out of range (1 to " +
+                  std::to_string(kMaxThreads) + ")");
+    }
+    omp_set_num_threads(threads);
+  }
 
   void* allocate(size_t bytes) override {
     void* p = arena_.allocate(bytes);

@@ -148,6 +148,16 @@ void HttpServer::routes() {
     }
     // httplib reads a body without a length until the connection closes (the read timeout, for a
     // client waiting on its answer): a request that has no length has no body, so say so at once.
+    // Framing two parties could read differently (RFC 9112 6.3: request smuggling through a proxy)
+    // is refused, and the connection closed: where this body ends is not known.
+    const size_t lengths = req.get_header_value_count("Content-Length");
+    if (lengths > 1 || (lengths == 1 && req.has_header("Transfer-Encoding"))) {
+      res.set_header("Connection", "close");
+      send_error(res, ApiError(400, lengths > 1 ? "more than one Content-Length header"
+                                                : "both Content-Length and Transfer-Encoding headers",
+                               "", "invalid_request"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE") {
       const std::string length = req.get_header_value("Content-Length");
       const bool digits = !length.empty() && length.size() <= 18 &&

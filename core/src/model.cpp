@@ -44,6 +44,13 @@ ModelConfig read_model_config(const GgufFile& file) {
                 std::to_string(c.n_heads) + " and head_count_kv " + std::to_string(c.n_kv_heads) +
                 " do not divide evenly");
   }
+  auto positive_finite = [&](const char* what, float v) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      throw Error(file.path() + ": " + a + what + " = " + std::to_string(v) + " must be a positive finite number");
+    }
+  };
+  positive_finite("attention.layer_norm_rms_epsilon", c.rms_eps);
+  positive_finite("rope.freq_base", c.rope_theta);
   c.head_dim = c.dim / c.n_heads;
   c.rope_dim = file.get_int(a + "rope.dimension_count", c.head_dim);
   if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
@@ -87,6 +94,12 @@ const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
     };
     throw Error(f.path() + ": tensor '" + name + "' has shape " + show(t->shape) + ", expected " +
                 show(shape) + " (ggml order)");
+  }
+  // Integer tensors (GGUF I8/I32) hold no scale: as a weight a kernel would read them as another
+  // format's blocks.
+  if (t->dtype == DType::I8 || t->dtype == DType::I32 || t->dtype == DType::I4) {
+    throw Error(f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->dtype)) +
+                ", not a weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)");
   }
   return *t;
 }

@@ -11,12 +11,28 @@ namespace tessera {
 
 namespace {
 
+// registry.create, its errors prefixed with `where` (the YAML file and line, then `who`): parameter
+// validation names the file and line already; a plugin's own checks name at most the plugin.
+template <class T>
+std::shared_ptr<T> create_at(const Registry& registry, const std::string& plugin, const nlohmann::json& params,
+                             const std::string& who, const std::string& where) {
+  try {
+    return registry.create<T>(plugin, params, where);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(where, 0) == 0) throw;
+    std::string rest = msg;
+    for (const std::string& named : {who + ": ", plugin + ": "}) {
+      if (rest.rfind(named, 0) == 0) rest = rest.substr(named.size());
+    }
+    throw Error(where + ": " + rest);
+  }
+}
+
 std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::string& name,
                                       const Registry& registry) {
   const std::string where = spec.backend_where.empty() ? "backend" : spec.backend_where + ": backend";
-  if (name != "auto") {
-    return registry.create<Backend>(name, spec.backend_params, where);
-  }
+  if (name != "auto") return create_at<Backend>(registry, name, spec.backend_params, "backend " + name, where);
   // auto: the first accelerator that has a device and runs the whole float model, else the CPU.
   static constexpr Op kCoreOps[] = {Op::embedding, Op::gemm,   Op::rms_norm,  Op::rope,     Op::silu_mul,
                                     Op::add,       Op::kv_write, Op::attention, Op::argmax};
@@ -31,7 +47,7 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
       // No device or driver: fall through to the next candidate.
     }
   }
-  return registry.create<Backend>("cpu", spec.backend_params, where);
+  return create_at<Backend>(registry, "cpu", spec.backend_params, "backend cpu", where);
 }
 
 }  // namespace
@@ -59,7 +75,13 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   p->model_path_ = spec.model;
 
   p->backend_ = make_backend(spec, spec.backend, registry);
-  if (options.threads > 0) p->backend_->set_threads(options.threads);
+  if (options.threads > 0) {
+    try {
+      p->backend_->set_threads(options.threads);
+    } catch (const Error& e) {
+      throw Error(std::string("--threads: ") + e.what());
+    }
+  }
   if (p->backend_->devices().empty()) {
     throw Error("backend '" + std::string(p->backend_->name()) + "' has no device");
   }
@@ -67,20 +89,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   auto create = [&]<class T>(ComponentKind kind, std::shared_ptr<T>& out) {
     const ComponentSpec& c = spec.components.at(kind);
     const std::string who = std::string(kind_name(kind)) + " " + c.plugin;
-    const std::string where = c.where.empty() ? who : c.where + ": " + who;
-    try {
-      out = registry.create<T>(c.plugin, c.params, where);
-    } catch (const Error& e) {
-      // Parameter validation names the file and line already; a plugin's own checks name at most
-      // the plugin.
-      const std::string msg = e.what();
-      if (msg.rfind(where, 0) == 0) throw;
-      std::string rest = msg;
-      for (const std::string& named : {who + ": ", c.plugin + ": "}) {
-        if (rest.rfind(named, 0) == 0) rest = rest.substr(named.size());
-      }
-      throw Error(where + ": " + rest);
-    }
+    out = create_at<T>(registry, c.plugin, c.params, who, c.where.empty() ? who : c.where + ": " + who);
   };
   create(ComponentKind::quantizer, p->quantizer_);
   create(ComponentKind::attention, p->attention_);

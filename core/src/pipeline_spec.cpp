@@ -272,6 +272,10 @@ void check_server_value(const std::string& key, const nlohmann::json& value, con
   if (key == "host" && value.is_string() && value.get<std::string>().empty()) {
     throw Error(where + ": server: 'host' is empty");
   }
+  // An empty key would read as "no key": the server would start open to anyone.
+  if ((key == "api_key" || key == "api_key_file") && value.is_string() && value.get<std::string>().empty()) {
+    throw Error(where + ": server: '" + key + "' is empty; leave it out to serve without an API key");
+  }
 }
 
 PipelineSpec default_pipeline_spec() {

@@ -66,6 +66,11 @@ TEST(ServerSection, BadKeysAndValuesNameTheFileLineAndKey) {
   const std::string both = load_error(dir, "server:\n  api_key: a\n  api_key_file: b\n");
   EXPECT_NE(both.find("api_key or api_key_file, not both"), std::string::npos) << both;
 
+  // An empty key would mean "no key": a server open to anyone, from what reads like a secured one.
+  const std::string empty_key = load_error(dir, "server:\n  api_key: ''\n");
+  EXPECT_NE(empty_key.find("p.yaml:2"), std::string::npos) << empty_key;
+  EXPECT_NE(empty_key.find("'api_key' is empty"), std::string::npos) << empty_key;
+
   const std::string choice = load_error(dir, "server:\n  chat_template: jinja\n");
   EXPECT_NE(choice.find("expected one of: auto, chatml"), std::string::npos) << choice;
 
@@ -78,6 +83,10 @@ TEST(ServerSection, CommandLineValuesAreRangeChecked) {
   EXPECT_THROW(check_server_value("port", -1, "--port"), Error);
   EXPECT_THROW(check_server_value("max_queue", 0, "server"), Error);
   EXPECT_NO_THROW(check_server_value("port", 0, "--port"));
+  const std::string empty = test::message_of([] { check_server_value("api_key", "", "--api-key"); });
+  EXPECT_NE(empty.find("--api-key: server: 'api_key' is empty"), std::string::npos) << empty;
+  EXPECT_THROW(check_server_value("api_key_file", "", "--api-key-file"), Error);
+  EXPECT_NO_THROW(check_server_value("api_key", "k", "--api-key"));
 }
 
 const std::vector<ChatMessage> kConversation = {

@@ -222,6 +222,24 @@ TEST_F(Serve, ABodyWithoutALengthIsRefusedAtOnce) {
   }
 }
 
+TEST_F(Serve, AmbiguousBodyFramingIsRefusedAndTheConnectionClosed) {
+  // Two lengths, or a length and a transfer coding: a proxy in front could split the bytes into
+  // other requests than this server would (request smuggling, RFC 9112 6.3).
+  for (const std::string headers : {"Content-Length: 2\r\nContent-Length: 20\r\n",
+                                    "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n"}) {
+    SCOPED_TRACE(headers);
+    test::RawConnection raw(server_->port());
+    raw.send_raw("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + headers +
+                 "\r\n{}");
+    const std::string reply = raw.read_until("}", std::chrono::seconds(10));
+    EXPECT_NE(reply.find("HTTP/1.1 400"), std::string::npos) << reply;
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+  }
+  auto health = server_->client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
 TEST_F(Serve, ASecondServerCannotTakeThePort) {
   // Without SO_REUSEPORT the bind fails, instead of the kernel splitting connections between two
   // servers (possibly of different models).

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Where a CPU run's wall time goes between OpenMP parallel regions (the GEMMs, attention) and the
+# serial code between them (norms, ropes, sampling, the engine), and how long each thread of a region
+# works in it. Wraps GOMP_parallel through LD_PRELOAD; the command runs unchanged otherwise.
+#   scripts/omp_regions.sh build/bin/tessera run -m MODEL -p pipelines/int8.yaml -n 64 --ignore-eos "Once upon a time"
+# Prints at exit, per region (its outlined function): calls, wall seconds, the seconds threads 0 and 1
+# worked in it (the rest is fork latency and waiting at the join), and the gaps between regions.
+# Load time is included: compare runs of the same command, or subtract a run with -n 1.
+set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
+dir=$(mktemp -d)
+trap "rm -rf \"$dir\"" EXIT
+cat >"$dir/shim.c" <<'EOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum { kSites = 64 };
+struct Site { void (*fn)(void*); long calls; double wall, busy[2]; };
+static struct Site sites[kSites];
+static double gap_total, gap_short, last_end;  // gap_short: gaps under 10 us (inside a step)
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+struct Call { void (*fn)(void*); void* data; struct Site* site; };
+static void timed(void* p) {
+  struct Call* c = p;
+  const int t = omp_get_thread_num();
+  const double t0 = now();
+  c->fn(c->data);
+  if (t < 2) c->site->busy[t] += now() - t0;  // each thread its own slot
+}
+
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags) {
+  static void (*real)(void (*)(void*), void*, unsigned, unsigned);
+  if (!real) real = (void (*)(void (*)(void*), void*, unsigned, unsigned))dlsym(RTLD_NEXT, "GOMP_parallel");
+  int s = 0;
+  while (s < kSites - 1 && sites[s].fn && sites[s].fn != fn) ++s;
+  sites[s].fn = fn;
+  struct Call c = {fn, data, &sites[s]};
+  const double t0 = now();
+  if (last_end > 0 && t0 - last_end < 1e-3) {  // longer gaps: loading, prompts, idle
+    gap_total += t0 - last_end;
+    if (t0 - last_end < 1e-5) gap_short += t0 - last_end;
+  }
+  real(timed, &c, threads, flags);
+  last_end = now();
+  sites[s].wall += last_end - t0;
+  ++sites[s].calls;
+}
+
+__attribute__((destructor)) static void report(void) {
+  FILE* out = fopen(getenv("OMP_REGIONS_REPORT"), "w");
+  if (!out) return;
+  double wall = 0;
+  for (int s = 0; s < kSites && sites[s].fn; ++s) {
+    Dl_info info;
+    const int named = dladdr((void*)sites[s].fn, &info) && info.dli_fname;
+    fprintf(out, "site %s 0x%lx %ld %.4f %.4f %.4f\n", named ? info.dli_fname : "?",
+            named ? (unsigned long)((char*)sites[s].fn - (char*)info.dli_fbase) : 0UL, sites[s].calls, sites[s].wall,
+            sites[s].busy[0], sites[s].busy[1]);
+    wall += sites[s].wall;
+  }
+  fprintf(out, "total %.4f %.4f %.4f\n", wall, gap_total, gap_short);
+  fclose(out);
+}
+EOF
+cc -O2 -shared -fPIC -fopenmp -o "$dir/shim.so" "$dir/shim.c" -ldl
+status=0
+OMP_REGIONS_REPORT="$dir/report" LD_PRELOAD="$dir/shim.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@" || status=$?
+[ -s "$dir/report" ] || { echo "omp_regions: no parallel region ran" >&2; exit "$status"; }
+{
+  printf '%-48s %7s %8s %8s %8s\n' "region (outlined function)" calls "wall s" "busy0 s" "busy1 s"
+  while read -r kind lib offset calls wall busy0 busy1; do
+    if [ "$kind" = site ]; then
+      name=$(nm -C "$lib" 2>/dev/null | awk -v a="$(printf '%016x' "$offset")" '$1 == a { $1 = ""; $2 = ""; print; exit }' | sed -E 's/^ *//; s/\(.*\)//' || true)
+      printf '%-48.48s %7d %8.3f %8.3f %8.3f\n' "${name:-$(basename "$lib")+$offset}" "$calls" "$wall" "$busy0" "$busy1"
+    else
+      # total: wall in regions, gaps between them (under 1 ms), the part of the gaps under 10 us
+      python3 -c 'import sys; w, g, s = map(float, sys.argv[1:]); print(f"in regions {w:.3f} s; between regions {g:.3f} s ({100 * g / (w + g):.1f}%), {s:.3f} s of it in gaps under 10 us")' "$lib" "$offset" "$calls"
+    fi
+  done <"$dir/report"
+} >&2
+exit "$status"

@@ -1,0 +1,117 @@
+// What loading a model refuses, and how: a GGUF whose metadata or weight types a llama cannot use
+// (written by patching a real model's bytes, as a damaged or hand-made file would be), a FIFO given
+// as the model, a thread count OpenMP cannot start. Each error names the file, key, tensor or flag.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "test_util.h"
+#include "tessera/pipeline.h"
+#include "tessera/pipeline_spec.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using test::message_of;
+
+// stories260K's bytes with `patch` applied to them, written to a fresh file.
+class PatchedModel {
+ public:
+  explicit PatchedModel(const std::string& name) : path_((fs::temp_directory_path() / name).string()) {
+    bytes_ = test::read_text(test::kStoriesF32);
+  }
+  ~PatchedModel() { fs::remove(path_); }
+
+  // The offset just past the first occurrence of `text` (a key's or tensor's name).
+  size_t after(const std::string& text) const {
+    const size_t at = bytes_.find(text);
+    EXPECT_NE(at, std::string::npos) << text;
+    return at + text.size();
+  }
+  template <class T>
+  void put(size_t offset, T value) {
+    std::memcpy(bytes_.data() + offset, &value, sizeof value);
+  }
+  const std::string& write() {
+    std::ofstream(path_, std::ios::binary) << bytes_;
+    return path_;
+  }
+
+ private:
+  std::string path_, bytes_;
+};
+
+TEST(ModelLoad, MetadataANormOrRopeCannotUseIsRefusedNamingTheKey) {
+  // A float32 value follows its key's name and its type (uint32 6).
+  for (const std::string key : {"llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base"}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), 0.0f, -1.0f,
+                            std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(key + " = " + std::to_string(bad));
+      PatchedModel m("tessera_model_load_meta.gguf");
+      m.put<float>(m.after(key) + 4, bad);
+      const std::string& path = m.write();
+      EXPECT_THAT(message_of([&] { test::cpu_pipeline(path); }),
+                  AllOf(HasSubstr(path), HasSubstr(key), HasSubstr("must be a positive finite number")));
+    }
+  }
+}
+
+TEST(ModelLoad, IntegerWeightsAreRefusedNamingTheTensor) {
+  // Tensor info: name, n_dims (uint32), dims (uint64 each), type (uint32; GGUF 24 = I8, 26 = I32).
+  // Before, an I8 matrix reached the int8 kernel without scales and crashed it.
+  for (const uint32_t type : {24u, 26u}) {
+    SCOPED_TRACE(type);
+    PatchedModel m("tessera_model_load_int.gguf");
+    m.put<uint32_t>(m.after("blk.0.attn_q.weight") + 4 + 2 * 8, type);
+    const std::string& path = m.write();
+    for (const char* quantizer : {"none", "int8", "gguf"}) {
+      SCOPED_TRACE(quantizer);
+      EXPECT_THAT(message_of([&] { test::cpu_pipeline(path, {{"quantizer", {{"plugin", quantizer}}}}); }),
+                  AllOf(HasSubstr(path), HasSubstr("tensor 'blk.0.attn_q.weight' is stored as"),
+                        HasSubstr("not a weight type")));
+    }
+  }
+}
+
+TEST(ModelLoad, AFifoIsRefusedAtOnceInsteadOfWaitingForAWriter) {
+  const std::string path = (fs::temp_directory_path() / "tessera_model_load_fifo").string();
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(path); }), AllOf(HasSubstr(path), HasSubstr("not a regular file")));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  fs::remove(path);
+}
+
+TEST(ModelLoad, ThreadCountsOpenMpCannotStartAreRefusedNamingWhereTheyCameFrom) {
+  PipelineSpec spec = default_pipeline_spec();
+  spec.model = test::kStoriesF32;
+  spec.backend = "cpu";
+  PipelineOptions options;
+  options.threads = 100000;  // OpenMP died inside GOMP_parallel on this
+  EXPECT_THAT(message_of([&] { Pipeline::build(spec, test::plugins(), options); }),
+              AllOf(HasSubstr("--threads"), HasSubstr("100000 threads is out of range (1 to 1024)")));
+
+  for (const int64_t bad : {int64_t(-1), int64_t(5000)}) {
+    spec.backend_params = {{"threads", bad}};
+    spec.backend_where = "p.yaml:3";
+    EXPECT_THAT(message_of([&] { Pipeline::build(spec, test::plugins()); }),
+                HasSubstr("p.yaml:3: backend: threads = " + std::to_string(bad) + " is out of range"));
+  }
+  spec.backend_params = {{"threads", 2}};
+  EXPECT_NO_THROW(Pipeline::build(spec, test::plugins()));
+}
+
+}  // namespace
+}  // namespace tessera
