@@ -22,7 +22,9 @@ std::shared_ptr<T> create_at(const Registry& registry, const std::string& plugin
     const std::string msg = e.what();
     if (msg.rfind(where, 0) == 0) throw;
     std::string rest = msg;
-    for (const std::string& named : {who + ": ", plugin + ": "}) {
+    // `who` is "KIND PLUGIN"; plugins also say "PLUGIN: " or "PLUGIN KIND: ".
+    const std::string kind = who.substr(0, who.find(' '));
+    for (const std::string& named : {who + ": ", plugin + ": ", plugin + " " + kind + ": "}) {
       if (rest.rfind(named, 0) == 0) rest = rest.substr(named.size());
     }
     throw Error(where + ": " + rest);
@@ -63,7 +65,10 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     spec.model = options.model;
     spec.model_where = "-m";
   }
-  if (!options.backend.empty()) spec.backend = options.backend;
+  if (!options.backend.empty()) {
+    spec.backend = options.backend;
+    spec.backend_where = "--backend";
+  }
   validate_pipeline_spec(spec, registry);
   if (spec.model.empty()) {
     throw Error((spec.path.empty() ? std::string("pipeline") : spec.path) + ": no model given (set 'model:' or pass -m)");
