@@ -169,4 +169,47 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   throw Error("cannot convert " + std::string(dtype_name(t)) + " to f32");
 }
 
+namespace {
+
+// Whether any of n 16- or 32-bit words (stride apart, starting at p) has its exponent field all
+// ones: an infinity or a NaN. A bit test the compiler vectorizes, unlike std::isfinite.
+template <class Word>
+bool any_exponent_all_ones(const uint8_t* p, int64_t n, size_t stride, Word exponent) {
+  Word hits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Word w;
+    std::memcpy(&w, p + size_t(i) * stride, sizeof w);
+    hits |= Word((w & exponent) == exponent);
+  }
+  return hits != 0;
+}
+
+}  // namespace
+
+int64_t first_non_finite_row(DType t, const void* data, int64_t rows, int64_t cols) {
+  const size_t row_bytes = dtype_row_bytes(t, cols);
+  const int64_t blocks = cols / dtype_block_elems(t);
+  const auto* base = static_cast<const uint8_t*>(data);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = base + size_t(r) * row_bytes;
+    bool bad = false;
+    switch (t) {
+      case DType::F32: bad = any_exponent_all_ones<uint32_t>(row, cols, 4, 0x7f800000u); break;
+      case DType::F16: bad = any_exponent_all_ones<uint16_t>(row, cols, 2, 0x7c00); break;
+      case DType::BF16: bad = any_exponent_all_ones<uint16_t>(row, cols, 2, 0x7f80); break;
+      // Block formats: their fp16 scales (the quants are integers).
+      case DType::Q8_0:
+      case DType::Q4_0: bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00); break;
+      case DType::Q4_K:  // d, then dmin
+        bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00) ||
+              any_exponent_all_ones<uint16_t>(row + 2, blocks, dtype_block_bytes(t), 0x7c00);
+        break;
+      case DType::Q6_K: bad = any_exponent_all_ones<uint16_t>(row + 208, blocks, dtype_block_bytes(t), 0x7c00); break;
+      default: break;  // integers are finite
+    }
+    if (bad) return r;
+  }
+  return -1;
+}
+
 }  // namespace tessera

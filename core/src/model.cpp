@@ -101,6 +101,11 @@ const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
     throw Error(f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->dtype)) +
                 ", not a weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)");
   }
+  // A NaN or infinite weight (or block scale) would turn every logit it reaches into NaN.
+  if (const int64_t row = first_non_finite_row(t->dtype, t->data, t->rows(), t->row_length()); row >= 0) {
+    throw Error(f.path() + ": tensor '" + name + "' has a non-finite value (NaN or infinity) in row " +
+                std::to_string(row));
+  }
   return *t;
 }
 

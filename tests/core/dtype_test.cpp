@@ -257,3 +257,32 @@ TEST(DtypeTest, Q6_KHandBuiltBlocks) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Two rows of `t` (cols elements each), zero-filled, with the 16-bit word at byte `at` of row 1 set
+// to `word`: the row first_non_finite_row must name, or none when the word is finite.
+int64_t non_finite_row_with(DType t, int64_t cols, size_t at, uint16_t word) {
+  std::vector<uint8_t> rows(2 * dtype_row_bytes(t, cols), 0);
+  std::memcpy(rows.data() + dtype_row_bytes(t, cols) + at, &word, 2);
+  return first_non_finite_row(t, rows.data(), 2, cols);
+}
+
+TEST(DtypeTest, FirstNonFiniteRowFindsNanAndInfinityInElementsAndBlockScales) {
+  const uint16_t fp16_inf = 0x7c00, fp16_nan = 0x7e00, bf16_nan = 0x7fc0, finite = 0x3c00;
+  EXPECT_EQ(non_finite_row_with(DType::F16, 64, 2 * 9, fp16_inf), 1);
+  EXPECT_EQ(non_finite_row_with(DType::F16, 64, 2 * 9, finite), -1);
+  EXPECT_EQ(non_finite_row_with(DType::BF16, 64, 2 * 63, bf16_nan), 1);
+  EXPECT_EQ(non_finite_row_with(DType::F32, 64, 4 * 7 + 2, bf16_nan), 1);  // the high half of a float
+  EXPECT_EQ(non_finite_row_with(DType::Q8_0, 64, 34, fp16_nan), 1);        // second block's scale
+  EXPECT_EQ(non_finite_row_with(DType::Q8_0, 64, 34 + 5, 0xffff), -1);     // quants are integers
+  EXPECT_EQ(non_finite_row_with(DType::Q4_0, 64, 18, fp16_inf), 1);
+  EXPECT_EQ(non_finite_row_with(DType::Q4_K, 256, 2, fp16_nan), 1);  // dmin
+  EXPECT_EQ(non_finite_row_with(DType::Q4_K, 256, 16, 0xffff), -1);
+  EXPECT_EQ(non_finite_row_with(DType::Q6_K, 512, 210 + 208, fp16_inf), 1);  // second super-block's d
+  EXPECT_EQ(non_finite_row_with(DType::Q6_K, 512, 200, 0xffff), -1);         // its int8 scales
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,6 +1,7 @@
-// What loading a model refuses, and how: a GGUF whose metadata or weight types a llama cannot use
-// (written by patching a real model's bytes, as a damaged or hand-made file would be), a FIFO given
-// as the model, a thread count OpenMP cannot start. Each error names the file, key, tensor or flag.
+// What loading a model refuses, and how: a GGUF whose metadata, weight types or weight values a
+// llama cannot use (written by patching a real model's bytes, as a damaged or hand-made file would
+// be), a FIFO given as the model, a thread count OpenMP cannot start. Each error names the file, key,
+// tensor or flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "tessera/gguf.h"
 #include "tessera/pipeline.h"
 #include "tessera/pipeline_spec.h"
 
@@ -80,6 +82,25 @@ TEST(ModelLoad, IntegerWeightsAreRefusedNamingTheTensor) {
       EXPECT_THAT(message_of([&] { test::cpu_pipeline(path, {{"quantizer", {{"plugin", quantizer}}}}); }),
                   AllOf(HasSubstr(path), HasSubstr("tensor 'blk.0.attn_q.weight' is stored as"),
                         HasSubstr("not a weight type")));
+    }
+  }
+}
+
+TEST(ModelLoad, ANonFiniteWeightIsRefusedNamingTheTensorAndRow) {
+  // Before, `none`, `gguf` and `int4` loaded it and generated token 0 with NaN logits.
+  const auto original = GgufFile::open(test::kStoriesF32);
+  const GgufTensor* t = original->find_tensor("blk.1.ffn_up.weight");
+  ASSERT_NE(t, nullptr);
+  const int64_t row = 5;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    PatchedModel m("tessera_model_load_nan.gguf");
+    m.put<float>(size_t(t->offset) + size_t(row * t->row_length() + 3) * 4, bad);
+    const std::string& path = m.write();
+    for (const char* quantizer : {"none", "gguf", "int4"}) {
+      SCOPED_TRACE(quantizer);
+      EXPECT_THAT(message_of([&] { test::cpu_pipeline(path, {{"quantizer", {{"plugin", quantizer}}}}); }),
+                  AllOf(HasSubstr(path), HasSubstr("tensor 'blk.1.ffn_up.weight' has a non-finite value"),
+                        HasSubstr("in row 5")));
     }
   }
 }

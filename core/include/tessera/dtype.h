@@ -36,4 +36,8 @@ uint16_t f32_to_bf16(float f);  // round to nearest even
 // Converts n elements of a row stored as `t` to float (F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K).
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
+// The first of `rows` rows (of `cols` elements, stored as `t`) holding an infinity or a NaN, or -1:
+// float elements, and the scales of block formats.
+int64_t first_non_finite_row(DType t, const void* data, int64_t rows, int64_t cols);
+
 }  // namespace tessera
