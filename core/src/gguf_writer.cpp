@@ -54,6 +54,7 @@ std::string array(GgufType elem, std::span<const T> v) {
 class TempFile {
  public:
   explicit TempFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    if (path.empty()) throw Error("GGUF output: the file name is empty");
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(path_ + ": cannot create " + tmp_ + ": " + std::strerror(errno));
   }

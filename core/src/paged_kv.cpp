@@ -70,9 +70,16 @@ void PagedKvStorage::allocate(Backend& backend, const CacheGeometry& g, const Pa
   const size_t layer_bytes = layer_block_bytes * size_t(num_blocks);
   k_.clear();
   v_.clear();
-  for (int64_t l = 0; l < g.n_layers; ++l) {
-    k_.emplace_back(backend, layer_bytes);
-    v_.emplace_back(backend, layer_bytes);
+  try {
+    for (int64_t l = 0; l < g.n_layers; ++l) {
+      k_.emplace_back(backend, layer_bytes);
+      v_.emplace_back(backend, layer_bytes);
+    }
+  } catch (const Error& e) {
+    k_.clear();
+    v_.clear();
+    throw Error("cache " + plugin + ": " + source + " (" + std::to_string(num_blocks) + " blocks of " +
+                std::to_string(block_bytes) + " bytes) does not fit: " + e.what());
   }
 }
 

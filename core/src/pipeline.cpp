@@ -124,7 +124,12 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
                   ", which the " + std::string(p->backend_->name()) + " backend does not provide");
     }
   }
-  p->cache_->configure(*p->backend_, geometry);
+  try {
+    p->cache_->configure(*p->backend_, geometry);
+  } catch (const Error& e) {
+    const std::string& where = spec.components.at(ComponentKind::cache).where;
+    throw Error(where.empty() ? e.what() : where + ": " + e.what());
+  }
   if (Speculator* speculator = p->decoder_->speculator()) {
     const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
     try {

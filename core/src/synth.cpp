@@ -302,9 +302,8 @@ void check_space(const SynthSpec& s, const std::string& path) {
   const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
   const std::filesystem::space_info free = std::filesystem::space(dir, ec);
   if (!ec && need > double(free.available)) {
-    throw Error("synth: the model would take about " + std::to_string(int64_t(need / double(1 << 20))) +
-                " MiB, more than the " + std::to_string(int64_t(free.available >> 20)) + " MiB free in " +
-                dir.string());
+    throw Error("synth: the model would take about " + std::to_string(int64_t(need)) + " bytes, more than the " +
+                std::to_string(free.available) + " bytes free in " + dir.string());
   }
 }
 

@@ -1,6 +1,7 @@
 // cache: contiguous — every sequence takes a whole max-length slot when it starts (the baseline that
 // paging is measured against). In block terms: one block per sequence, block_size = max_len.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,10 +35,24 @@ class ContiguousCache final : public Cache {
       max_seqs_ = max_seqs_ == 0 ? fit : std::min(max_seqs_, fit);
     }
     if (max_seqs_ == 0) max_seqs_ = 8;
-    const size_t layer_bytes = slot_bytes / size_t(g.n_layers) / 2 * size_t(max_seqs_);
-    for (int64_t l = 0; l < g.n_layers; ++l) {
-      k_.emplace_back(backend, layer_bytes);
-      v_.emplace_back(backend, layer_bytes);
+    const size_t layer_slot_bytes = slot_bytes / size_t(g.n_layers) / 2;
+    const auto pool = [&] {
+      return "max_seqs " + std::to_string(max_seqs_) + " x max_len " + std::to_string(max_len_) + " tokens x " +
+             std::to_string(g.bytes_per_token()) + " bytes per token";
+    };
+    if (size_t(max_seqs_) > std::numeric_limits<size_t>::max() / 2 / slot_bytes) {
+      throw Error("cache contiguous: " + pool() + " is past any memory");
+    }
+    try {
+      for (int64_t l = 0; l < g.n_layers; ++l) {
+        k_.emplace_back(backend, layer_slot_bytes * size_t(max_seqs_));
+        v_.emplace_back(backend, layer_slot_bytes * size_t(max_seqs_));
+      }
+    } catch (const Error& e) {
+      k_.clear();
+      v_.clear();
+      throw Error("cache contiguous: " + pool() + " (" + std::to_string(slot_bytes * size_t(max_seqs_)) +
+                  " bytes) does not fit: " + e.what());
     }
     free_.clear();
     for (int64_t s = max_seqs_ - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));

@@ -1,7 +1,7 @@
 // What loading a model refuses, and how: a GGUF whose metadata, weight types or weight values a
 // llama cannot use (written by patching a real model's bytes, as a damaged or hand-made file would
-// be), a FIFO given as the model, a thread count OpenMP cannot start. Each error names the file, key,
-// tensor or flag.
+// be), a FIFO given as the model, a thread count OpenMP cannot start, a KV pool past memory. Each
+// error names the file, key, tensor, setting or flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -103,6 +103,19 @@ TEST(ModelLoad, ANonFiniteWeightIsRefusedNamingTheTensorAndRow) {
                         HasSubstr("in row 5")));
     }
   }
+}
+
+TEST(ModelLoad, AKvPoolPastMemoryNamesTheSettingsThatSizedIt) {
+  // Both sizes are past the 128 TiB a process can address, so the allocation fails on any machine.
+  EXPECT_THAT(message_of([] {
+                test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "contiguous"}, {"max_seqs", 100000000000}}}});
+              }),
+              AllOf(HasSubstr("test: cache contiguous: max_seqs 100000000000 x max_len 512 tokens x "),
+                    HasSubstr("does not fit: ")));
+  EXPECT_THAT(message_of([] {
+                test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "paged"}, {"memory", int64_t(1) << 50}}}});
+              }),
+              AllOf(HasSubstr("test: cache paged: memory 1125899906842624 bytes ("), HasSubstr("does not fit: ")));
 }
 
 TEST(ModelLoad, AFifoIsRefusedAtOnceInsteadOfWaitingForAWriter) {

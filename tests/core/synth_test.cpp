@@ -427,8 +427,10 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   s.dim = 16777216;
   s.vocab = 16777216;
   EXPECT_THAT(message_of([&] { write_synthetic_model(s, dir.file("x.gguf")); }),
-              testing::AllOf(HasSubstr("synth: the model would take about"), HasSubstr("MiB free in " + dir.path().string())));
+              testing::AllOf(HasSubstr("synth: the model would take about"), HasSubstr("bytes free in " + dir.path().string())));
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+  s = synth_preset("tiny");
+  EXPECT_THAT(message_of([&] { write_synthetic_model(s, ""); }), HasSubstr("the file name is empty"));
 }
 
 TEST(Synth, VocabularyIsDistinctTypedRankedAndDeterministic) {
