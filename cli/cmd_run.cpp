@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "tessera/decoder.h"
 #include "tessera/engine.h"
 #include "tessera/error.h"
 
@@ -56,6 +57,10 @@ void run(const RunArgs& args) {
   if (args.presence_penalty) sampling.presence_penalty = *args.presence_penalty;
   if (args.seed) sampling.seed = *args.seed;
   if (args.logprobs) sampling.logprobs = *args.logprobs;
+  validate_sampling(sampling);  // ranges first: they name the flag's value
+  if (args.logprobs && args.format != "json") {
+    throw Error("--logprobs: log-probabilities are reported in JSON output; add --format json");
+  }
   validate_sampling(sampling);  // names the field and value of a bad flag
 
   std::vector<std::string> prompts = args.prompts;
@@ -131,7 +136,12 @@ void run(const RunArgs& args) {
       std::cout << "\n";
       std::cerr << "[" << r.prompt.size() << " prompt tokens at " << static_cast<int64_t>(prefill_tps)
                 << " tok/s, " << r.tokens.size() << " generated at " << static_cast<int64_t>(decode_tps)
-                << " tok/s, finish: " << finish_reason_name(r.reason) << "]\n";
+                << " tok/s, finish: " << finish_reason_name(r.reason)
+                << (r.reason == FinishReason::length && int64_t(r.tokens.size()) < args.max_tokens
+                        ? " (the model's context of " + std::to_string(model.config().context_length) +
+                              " tokens is full)"
+                        : "")
+                << "]\n";
       if (!r.error.empty()) std::cerr << "error: " << r.error << "\n";
       if (i + 1 < results.size()) std::cout << "\n";
     }

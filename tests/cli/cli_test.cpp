@@ -376,6 +376,22 @@ TEST(Cli, RunStopStringsAndLogprobs) {
   o = tessera_cmd("run --format json -n 4 --prompt 'Once upon a time'");
   ASSERT_EQ(o.status, 0) << o.text;
   EXPECT_FALSE(first_json_line(o.text).contains("logprobs"));
+  // Text output has nowhere to show them: said, not ignored.
+  o = tessera_cmd("run -n 4 --logprobs 2 'Once upon a time'");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("--logprobs: log-probabilities are reported in JSON output; add --format json"),
+            std::string::npos)
+      << o.text;
+}
+
+TEST(Cli, RunSaysWhenTheContextEndedGenerationBeforeMaxTokens) {
+  // stories260K's context is 512 tokens: -n past it stops there, and the status line says why.
+  Output o = tessera_cmd("run -n 100000 --ignore-eos 'Once upon a time'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("finish: length (the model's context of 512 tokens is full)"), std::string::npos) << o.text;
+  o = tessera_cmd("run -n 5 'Once upon a time'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("finish: length]"), std::string::npos) << o.text;
 }
 
 TEST(Cli, RunPenaltyAndMinPFlags) {
