@@ -145,6 +145,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     decode_bytes_per_token_ += l->resident_bytes();
     if (name != "output.weight") layer_macs_per_token_ += in * out;
     formats_.push_back(l->format());
+    linear_names_.push_back(name);
     return l;
   };
   // Weights that share their input as one Linear, or null where the quantizer keeps them apart.
@@ -165,7 +166,10 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     weight_bytes_ += l->resident_bytes();
     decode_bytes_per_token_ += l->resident_bytes();
     layer_macs_per_token_ += in * out;
-    for (size_t i = 0; i < parts.size(); ++i) formats_.push_back(l->format());  // one per weight
+    for (const auto& part : parts) {
+      formats_.push_back(l->format());  // one per weight
+      linear_names_.push_back(part.first);
+    }
     return l;
   };
 
@@ -209,6 +213,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     weight_bytes_ += l->resident_bytes();
     decode_bytes_per_token_ += l->resident_bytes();
     formats_.push_back(l->format());
+    linear_names_.push_back("output.weight");
     output_ = std::move(l);
   } else {
     output_ = linear("output.weight", c.vocab, c.dim);

@@ -6,6 +6,7 @@
 
 #include "tessera/error.h"
 #include "tessera/speculative.h"
+#include "tessera/tensor_pattern.h"
 
 namespace tessera {
 
@@ -28,6 +29,34 @@ std::shared_ptr<T> create_at(const Registry& registry, const std::string& plugin
       if (rest.rfind(named, 0) == 0) rest = rest.substr(named.size());
     }
     throw Error(where + ": " + rest);
+  }
+}
+
+// The quantizer's tensor patterns (keep_float: [...], overrides: [{pattern: ...}]) that match none of
+// the model's weights: a typo ("ouput") that would otherwise quietly quantize what was to be kept.
+void check_tensor_patterns(const ComponentSpec& c, const std::vector<std::string>& weights, const std::string& model) {
+  std::vector<std::pair<std::string, std::string>> patterns;  // (parameter, pattern)
+  const nlohmann::json& params = c.params;
+  if (params.contains("keep_float") && params["keep_float"].is_array()) {
+    for (const auto& v : params["keep_float"]) {
+      if (v.is_string()) patterns.emplace_back("keep_float", v.get<std::string>());
+    }
+  }
+  if (params.contains("overrides") && params["overrides"].is_array()) {
+    for (const auto& o : params["overrides"]) {
+      if (!o.is_object() || !o.contains("pattern")) continue;
+      const nlohmann::json& p = o["pattern"];
+      for (const auto& v : p.is_array() ? p : nlohmann::json::array({p})) {
+        if (v.is_string()) patterns.emplace_back("overrides", v.get<std::string>());
+      }
+    }
+  }
+  for (const auto& [param, pattern] : patterns) {
+    if (std::none_of(weights.begin(), weights.end(), [&](const std::string& w) { return tensor_matches(pattern, w); })) {
+      throw Error((c.where.empty() ? "" : c.where + ": ") + "quantizer " + c.plugin + ": " + param + " pattern '" +
+                  pattern + "' matches no weight of " + model + " (weights are named like " + weights.front() +
+                  ", blk.0.ffn_down.weight, output.weight)");
+    }
   }
 }
 
@@ -105,6 +134,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   p->file_ = GgufFile::open(spec.model);
   p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->file_));
   p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
+  check_tensor_patterns(spec.components.at(ComponentKind::quantizer), p->model_->linear_names(), spec.model);
   const ModelConfig& mc = p->model_->config();
   if (p->tokenizer_->vocab_size() != mc.vocab) {
     throw Error(spec.model + ": tokenizer has " + std::to_string(p->tokenizer_->vocab_size()) +

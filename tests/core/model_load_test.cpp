@@ -1,7 +1,7 @@
 // What loading a model refuses, and how: a GGUF whose metadata, weight types or weight values a
 // llama cannot use (written by patching a real model's bytes, as a damaged or hand-made file would
-// be), a FIFO given as the model, a thread count OpenMP cannot start, a KV pool past memory. Each
-// error names the file, key, tensor, setting or flag.
+// be), a FIFO given as the model, a thread count OpenMP cannot start, a KV pool past memory, a
+// quantizer pattern that matches no weight. Each error names the file, key, tensor, setting or flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -116,6 +116,21 @@ TEST(ModelLoad, AKvPoolPastMemoryNamesTheSettingsThatSizedIt) {
                 test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "paged"}, {"memory", int64_t(1) << 50}}}});
               }),
               AllOf(HasSubstr("test: cache paged: memory 1125899906842624 bytes ("), HasSubstr("does not fit: ")));
+}
+
+TEST(ModelLoad, AQuantizerPatternThatMatchesNoWeightIsRefused) {
+  // A typo in keep_float quantized the output layer it was meant to keep, without a word.
+  const nlohmann::json typo = {{"plugin", "int4"}, {"keep_float", {"output", "ouput"}}};
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(test::kStoriesF32, {{"quantizer", typo}}); }),
+              AllOf(HasSubstr("test: quantizer int4: keep_float pattern 'ouput' matches no weight of "),
+                    HasSubstr("stories260K-f32.gguf")));
+  const nlohmann::json past_the_layers = {
+      {"plugin", "int4"}, {"overrides", {{{"pattern", {"blk.0.*", "blk.77.*"}}, {"scheme", "float"}}}}};
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(test::kStoriesF32, {{"quantizer", past_the_layers}}); }),
+              HasSubstr("overrides pattern 'blk.77.*' matches no weight"));
+  // Patterns that match load; "output" also names a head tied to token_embd.
+  const nlohmann::json kept = {{"plugin", "int8"}, {"keep_float", {"output", "blk.1.*", "*.attn_v"}}};
+  EXPECT_NO_THROW(test::cpu_pipeline(test::kStoriesF32, {{"quantizer", kept}}));
 }
 
 TEST(ModelLoad, AFifoIsRefusedAtOnceInsteadOfWaitingForAWriter) {

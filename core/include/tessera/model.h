@@ -67,6 +67,9 @@ class Model {
   int64_t head_macs() const { return config_.vocab * config_.dim; }
   // A short description of the weight formats, e.g. "f32 x 36" or "q8_0 x 35, f32 x 1".
   std::string weight_formats() const;
+  // The names of the weights offered to the quantizer, in load order ("output.weight" also when
+  // the head is tied to token_embd): what its tensor patterns (keep_float ...) are matched against.
+  const std::vector<std::string>& linear_names() const { return linear_names_; }
   std::vector<OpRequirement> requirements() const;
 
   // Runs one step; the cache must already hold blocks for every token. Writes logits rows in batch
@@ -92,6 +95,7 @@ class Model {
   size_t decode_bytes_per_token_ = 0;
   int64_t layer_macs_per_token_ = 0;
   std::vector<std::string> formats_;
+  std::vector<std::string> linear_names_;
   bool any_fused_ = false;  // some layer runs q|k|v or gate|up as one Linear
 
   // Per-step scratch, grown on demand.
