@@ -143,6 +143,24 @@ TEST(QuantInt8, ExtremeRows) {
   EXPECT_NEAR(y[size_t(3 * n + 1)], 1e6 * x[size_t(3 * k + 100)], 0.5 * 1e6 * x3max / 127 * 1.001);
 }
 
+TEST(QuantInt8, RoundsHalvesAwayFromZeroLikeLround) {
+  // Row 0 has scale 1 (amax 127), so its values are exact halves and near-halves; the other rows
+  // are random, checked against clamp(lround(w / scale)) as the quantizer documents it.
+  const int64_t k = 16, n = 512;
+  std::vector<float> w = {127, 2.5f, -2.5f, 0.5f, -0.5f, 1.4999999f, -3.5f, 126.5f, -126.5f, 0.49999997f,
+                          3.4999998f, -0.0f, 0.0f, 5.5f, -5.5f, 100.25f};
+  const auto rest = random_floats(size_t((n - 1) * k), 77);
+  w.insert(w.end(), rest.begin(), rest.end());
+  const Stored s = download(*int8({{"kernel", "reference"}})->make_linear(cpu_backend(), {"t", DType::F32, w.data(), n, k}));
+  ASSERT_EQ(s.scales[0], 1.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      const float v = w[size_t(r * k + c)] / s.scales[size_t(r)];
+      ASSERT_EQ(s.q[size_t(r * k + c)], int8_t(std::clamp(std::lround(v), -127L, 127L))) << "row " << r << " col " << c;
+    }
+  }
+}
+
 TEST(QuantInt8, ThreadedKernelMatchesTheReference) {
   // Large enough to fork an OpenMP team (m·n·k well above kParallelWork) with a ragged last tile.
   const int64_t m = 40, n = 301, k = 200;
