@@ -54,8 +54,8 @@ void check_tensor_patterns(const ComponentSpec& c, const std::vector<std::string
   for (const auto& [param, pattern] : patterns) {
     if (std::none_of(weights.begin(), weights.end(), [&](const std::string& w) { return tensor_matches(pattern, w); })) {
       throw Error((c.where.empty() ? "" : c.where + ": ") + "quantizer " + c.plugin + ": " + param + " pattern '" +
-                  pattern + "' matches no weight of " + model + " (weights are named like " + weights.front() +
-                  ", blk.0.ffn_down.weight, output.weight)");
+                  pattern + "' matches no weight of " + model + " (its " + std::to_string(weights.size()) +
+                  " weights: " + weights.front() + " ... " + weights.back() + ")");
     }
   }
 }
