@@ -165,7 +165,7 @@ struct Q6K {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
     const __m256i scales[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
                                _mm256_permute2x128_si256(sc16, sc16, 0x11)};
-    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    const __m256i low = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
@@ -174,9 +174,13 @@ struct Q6K {
       const __m256i nibble[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
                                  _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
                                  _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      // Bit pair i of the high bytes moved to bits 4-5 and masked: one shift (none for i = 2) and an
+      // and. Shifting 16-bit lanes is safe: the mask drops what crosses from the neighbouring byte.
+      const __m256i high[4] = {_mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45),
+                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45), _mm256_and_si256(qh, bits45),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)};
       for (int i = 0; i < 4; ++i) {
-        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), two), 4);
-        const __m256i q = _mm256_or_si256(nibble[i], high);
+        const __m256i q = _mm256_or_si256(nibble[i], high[i]);
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * i));
         // Elements 0-15 of the quarter (the low 128 bits) take scale 2i of the half, 16-31 scale
         // 2i + 1: one byte shuffle spreads them. Pairs q·x are at most 2·63·127 = 16002.
