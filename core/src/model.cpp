@@ -97,7 +97,7 @@ const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
   }
   // Integer tensors (GGUF I8/I32) hold no scale: as a weight a kernel would read them as another
   // format's blocks.
-  if (t->dtype == DType::I8 || t->dtype == DType::I32 || t->dtype == DType::I4) {
+  if (t->dtype == DType::I8 || t->dtype == DType::I32) {
     throw Error(f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->dtype)) +
                 ", not a weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)");
   }
