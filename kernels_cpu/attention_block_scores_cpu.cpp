@@ -18,7 +18,8 @@ void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float
   const int64_t q_stride = a.n_heads * hd;
   const int64_t kv_stride = kv.token_stride();
   const int64_t n_kb_stride = (a.max_context_len + sp.block - 1) / sp.block;
-  const auto* kpool = static_cast<const float*>(kv.k);
+  const auto* kpool = static_cast<const uint8_t*>(kv.k);
+  const size_t row_bytes = dtype_row_bytes(kv.dtype, kv_stride), head_bytes = dtype_row_bytes(kv.dtype, hd);
 
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     if (sp.seq_base[si] < 0) continue;
@@ -31,13 +32,18 @@ void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float
     const int64_t n_kb = last_qb + 1;
     for_rows(kv.n_kv_heads, n_kb * sp.block * kv_stride > kParallelWork, [&](int64_t h) {
       std::vector<float> kmean(size_t(n_kb * hd), 0.0f);
-      std::vector<float> qmean(static_cast<size_t>(hd));
+      std::vector<float> qmean(static_cast<size_t>(hd)), key_row(static_cast<size_t>(hd));
       for (int64_t kb = 0; kb < n_kb; ++kb) {
         float* mean = kmean.data() + kb * hd;
         const int64_t end = std::min<int64_t>(s.context_len, (kb + 1) * sp.block);
         for (int64_t key = kb * sp.block; key < end; ++key) {
           const int64_t slot = int64_t(table[key / kv.block_size]) * kv.block_size + key % kv.block_size;
-          const float* row = kpool + slot * kv_stride + h * hd;
+          const uint8_t* stored = kpool + size_t(slot) * row_bytes + size_t(h) * head_bytes;
+          const float* row = reinterpret_cast<const float*>(stored);
+          if (kv.dtype != DType::F32) {  // a half-precision cache
+            unpack_row(kv.dtype, stored, key_row.data(), hd);
+            row = key_row.data();
+          }
           for (int64_t d = 0; d < hd; ++d) mean[d] += row[d];
         }
         const float inv = 1.0f / float(end - kb * sp.block);

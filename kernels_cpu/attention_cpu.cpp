@@ -34,8 +34,10 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   const int64_t q_stride = a.n_heads * hd;
   const int64_t kv_stride = kv.token_stride();
   const int32_t* table = a.block_tables + s.block_table_offset;
-  const auto* kbase = static_cast<const float*>(kv.k) + t.kv_head * hd;
-  const auto* vbase = static_cast<const float*>(kv.v) + t.kv_head * hd;
+  const size_t row_bytes = dtype_row_bytes(kv.dtype, kv_stride);
+  const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
+  const auto* kbase = static_cast<const uint8_t*>(kv.k) + t.kv_head * head_bytes;
+  const auto* vbase = static_cast<const uint8_t*>(kv.v) + t.kv_head * head_bytes;
   const int64_t first_pos = s.context_len - s.q_len;
 
   float m[kMaxGroup], l[kMaxGroup];
@@ -47,18 +49,18 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // From a multiple of 8, the keys' chunk boundary in the transposed copy below.
   const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) / 8 * 8 : 0;
   const int64_t last_key = first_pos + t.q_end - 1;
-  thread_local std::vector<const float*> krows_all, vrows_all;
+  thread_local std::vector<const uint8_t*> kraw, vraw;
   const int64_t n_keys = last_key - first_key + 1;
-  krows_all.resize(size_t(n_keys));
-  vrows_all.resize(krows_all.size());
+  kraw.resize(size_t(n_keys));
+  vraw.resize(kraw.size());
   {
     // Walk the block table instead of dividing per key (a division costs more than the dot
     // product of a small head).
     int64_t kb = first_key / kv.block_size, off = first_key % kv.block_size;
-    for (size_t j = 0; j < krows_all.size(); ++j) {
-      const int64_t slot = int64_t(table[kb]) * kv.block_size + off;
-      krows_all[j] = kbase + slot * kv_stride;
-      vrows_all[j] = vbase + slot * kv_stride;
+    for (size_t j = 0; j < kraw.size(); ++j) {
+      const size_t slot = size_t(table[kb]) * size_t(kv.block_size) + size_t(off);
+      kraw[j] = kbase + slot * row_bytes;
+      vraw[j] = vbase + slot * row_bytes;
       if (++off == kv.block_size) {
         off = 0;
         ++kb;
@@ -69,6 +71,40 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // transposed in chunks of 8 once for all of them (see VecOps): their scores then take no
   // horizontal sums. A lone query (MHA decode) reads the rows. Both give the same bits.
   const bool transposed = group * (t.q_end - t.q_begin) >= 2;
+  // A half-precision cache's rows are converted to float before the same float arithmetic (the
+  // same bits as an f32 cache holding the rounded values): all at once where several queries or
+  // the transposed copy reuse them, else a key block at a time, while it is in L1.
+  const bool half = kv.dtype != DType::F32;
+  const bool many_queries = t.q_end - t.q_begin > 1;
+  const bool k_whole = half && (transposed || many_queries), v_whole = half && many_queries;
+  thread_local std::vector<float> kconv, vconv, kblock, vblock;
+  thread_local std::vector<const float*> krows_all, vrows_all, kblock_rows, vblock_rows;
+  auto as_float_rows = [&](const std::vector<const uint8_t*>& raw, bool convert, std::vector<float>& buf,
+                           std::vector<const float*>& rows) {
+    rows.resize(raw.size());
+    if (!half) {
+      for (size_t j = 0; j < raw.size(); ++j) rows[j] = reinterpret_cast<const float*>(raw[j]);
+    } else if (convert) {
+      buf.resize(raw.size() * size_t(hd));
+      for (size_t j = 0; j < raw.size(); ++j) {
+        unpack_row(kv.dtype, raw[j], buf.data() + j * size_t(hd), hd);
+        rows[j] = buf.data() + j * size_t(hd);
+      }
+    }
+  };
+  as_float_rows(kraw, k_whole, kconv, krows_all);
+  as_float_rows(vraw, v_whole, vconv, vrows_all);
+  // Rows [j, j + n) of one key block, converted into `buf` (a half cache read a block at a time).
+  auto block_rows = [&](const std::vector<const uint8_t*>& raw, int64_t j, int n, std::vector<float>& buf,
+                        std::vector<const float*>& rows) {
+    buf.resize(size_t(kKeyBlock * hd));
+    rows.resize(size_t(kKeyBlock));
+    for (int i = 0; i < n; ++i) {
+      unpack_row(kv.dtype, raw[size_t(j + i)], buf.data() + i * hd, hd);
+      rows[size_t(i)] = buf.data() + i * hd;
+    }
+    return rows.data();
+  };
   thread_local std::vector<float> kt;
   if (transposed) {
     kt.resize(size_t((n_keys + 7) / 8 * 8 * hd));
@@ -94,8 +130,10 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
         // ignored.
         const int skip = transposed ? static_cast<int>((b - first_key) % 8) : 0;
         const float* kchunks = transposed ? kt.data() + (b - first_key) / 8 * 8 * hd : nullptr;
-        const float* const* krows = krows_all.data() + (b - first_key);
-        const float* const* vrows = vrows_all.data() + (b - first_key);
+        const float* const* krows = half && !k_whole ? block_rows(kraw, b - first_key, n, kblock, kblock_rows)
+                                                     : krows_all.data() + (b - first_key);
+        const float* const* vrows = half && !v_whole ? block_rows(vraw, b - first_key, n, vblock, vblock_rows)
+                                                     : vrows_all.data() + (b - first_key);
         float* sb = scores + skip;
         for (int64_t g = 0; g < group; ++g) {
           const float block_max = transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores)
@@ -132,8 +170,8 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 }  // namespace
 
 void attention(const AttentionArgs& a, const KvLayerView& kv) {
-  if (kv.dtype != DType::F32) {
-    throw Error("cpu attention supports an f32 cache, not " + std::string(dtype_name(kv.dtype)));
+  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::BF16) {
+    throw Error("cpu attention supports an f32, f16 or bf16 cache, not " + std::string(dtype_name(kv.dtype)));
   }
   if (a.n_heads % kv.n_kv_heads != 0 || a.n_heads / kv.n_kv_heads > kMaxGroup || kv.head_dim > kMaxHeadDim) {
     throw Error("cpu attention: unsupported head layout (" + std::to_string(a.n_heads) + " heads, " +
@@ -149,7 +187,7 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
     kv_read += a.seqs[si].context_len;
   }
   work *= a.n_heads * kv.head_dim;
-  kv_read *= 2 * kv.n_kv_heads * kv.head_dim * int64_t(sizeof(float));
+  kv_read *= 2 * int64_t(dtype_row_bytes(kv.dtype, kv.token_stride()));
   // Decode attention forks from an eighth of the GEMMs' stream threshold: it runs between GEMVs
   // whose team is still spinning (a fork costs ~1 us then), and on one thread the other core sat
   // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).

@@ -2,9 +2,12 @@
 // (decode) or with other queries sharing its keys (prefill chunks, speculative verification, GQA
 // groups), although the kernel reads the keys in a different form for each (key rows for a lone
 // query, keys transposed once per task otherwise). Greedy speculative decoding relies on it.
+// A half-precision cache gives the bits of an f32 cache holding its rounded values.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,6 +77,117 @@ TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
     for (int64_t i = 0; i < kQueries; ++i) {
       const auto alone = run(i, 1);
       ASSERT_EQ(0, std::memcmp(alone.data(), together.data() + i * q_row, size_t(q_row) * 4)) << "query " << i;
+    }
+  }
+}
+
+float rounded(DType t, float x) { return t == DType::F16 ? fp16_to_f32(f32_to_fp16(x)) : bf16_to_f32(f32_to_bf16(x)); }
+uint16_t stored(DType t, float x) { return t == DType::F16 ? f32_to_fp16(x) : f32_to_bf16(x); }
+
+TEST(CpuAttention, AHalfCacheStoresRoundedToNearestEvenLikeTheScalarConversion) {
+  Backend& b = cpu_backend();
+  constexpr int64_t kRow = 2 * 19;  // not a multiple of 8: the vector loop and its scalar tail
+  auto values = random_floats(size_t(kRow), 5, -3, 3);
+  const float specials[] = {65504.0f, 65519.0f, 65520.0f, 1e9f, -1e9f, 6.0e-8f, 2.9e-8f, 1e-40f, -0.0f,
+                            std::numeric_limits<float>::infinity(), 1.00048828125f, 1.000732421875f,
+                            1.00390625f, 1.005859375f};  // halfway cases for f16 and bf16
+  for (size_t i = 0; i < std::size(specials); ++i) values[i * 2] = specials[i];
+  for (DType t : {DType::F16, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    ASSERT_TRUE(b.supports(Op::kv_write, t) && b.supports(Op::attention, t));
+    DeviceBuffer kpool(b, size_t(kRow) * 2), vpool(b, size_t(kRow) * 2);
+    const KvLayerView kv{kpool.get(), vpool.get(), t, 1, 1, 2, kRow / 2};
+    DeviceBuffer kb = upload(values), slot = upload(std::vector<int32_t>{0});
+    b.kv_write(kv, kb.as<float>(), kb.as<float>(), slot.as<int32_t>(), 1);
+    for (int64_t i = 0; i < kRow; ++i) {
+      EXPECT_EQ(kpool.as<uint16_t>()[i], stored(t, values[size_t(i)])) << "value " << values[size_t(i)];
+      EXPECT_EQ(vpool.as<uint16_t>()[i], stored(t, values[size_t(i)])) << "value " << values[size_t(i)];
+    }
+  }
+}
+
+TEST(CpuAttention, AHalfCacheGivesTheBitsOfAnF32CacheOfItsRoundedValues) {
+  Backend& b = cpu_backend();
+  constexpr int64_t kHeads = 8, kBlock = 16, kContext = 150, kQueries = 7, kSparseBlock = 16;
+  for (const Shape& sh : {Shape{8, 64, 0}, Shape{1, 64, 0}, Shape{4, 8, 0}, Shape{8, 64, 37}, Shape{2, 12, 0}}) {
+    for (DType t : {DType::F16, DType::BF16}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " kv heads " + std::to_string(sh.n_kv_heads) + " head_dim " +
+                   std::to_string(sh.head_dim) + " window " + std::to_string(sh.window));
+      const int64_t kv_row = sh.n_kv_heads * sh.head_dim, q_row = kHeads * sh.head_dim;
+      const int64_t blocks = (kContext + kBlock - 1) / kBlock;
+      std::vector<int32_t> table(static_cast<size_t>(blocks)), slots(static_cast<size_t>(kContext));
+      for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t((i * 3 + 1) % blocks);
+      for (int64_t c = 0; c < kContext; ++c) slots[size_t(c)] = int32_t(table[size_t(c / kBlock)] * kBlock + c % kBlock);
+      const auto k = random_floats(size_t(kContext * kv_row), 21, -2, 2), v = random_floats(size_t(kContext * kv_row), 22);
+      std::vector<float> k_rounded(k.size()), v_rounded(v.size());
+      for (size_t i = 0; i < k.size(); ++i) k_rounded[i] = rounded(t, k[i]), v_rounded[i] = rounded(t, v[i]);
+      const size_t elems = size_t(blocks * kBlock * kv_row);
+      DeviceBuffer hk(b, elems * 2), hv(b, elems * 2), fk(b, elems * 4), fv(b, elems * 4);
+      const KvLayerView half{hk.get(), hv.get(), t, blocks, kBlock, sh.n_kv_heads, sh.head_dim};
+      const KvLayerView f32{fk.get(), fv.get(), DType::F32, blocks, kBlock, sh.n_kv_heads, sh.head_dim};
+      DeviceBuffer kb = upload(k), vb = upload(v), krb = upload(k_rounded), vrb = upload(v_rounded);
+      DeviceBuffer sb = upload(slots), tb = upload(table);
+      b.kv_write(half, kb.as<float>(), vb.as<float>(), sb.as<int32_t>(), kContext);
+      b.kv_write(f32, krb.as<float>(), vrb.as<float>(), sb.as<int32_t>(), kContext);
+      DeviceBuffer qb = upload(random_floats(size_t(kQueries * q_row), 23, -2, 2));
+
+      // Block-sparse layout for the queries of [q0, q0 + q_len): every kv head keeps key block 0,
+      // every third block and its own (query) block.
+      std::vector<int32_t> base{0}, offsets{0}, kept;
+      auto sparse_for = [&](int64_t q0, int64_t q_len) {
+        offsets.assign(1, 0);
+        kept.clear();
+        const int64_t first_pos = kContext - kQueries + q0, last_pos = first_pos + q_len - 1;
+        for (int64_t h = 0; h < sh.n_kv_heads; ++h) {
+          for (int64_t qb = first_pos / kSparseBlock; qb <= last_pos / kSparseBlock; ++qb) {
+            for (int64_t kb2 = 0; kb2 <= qb; ++kb2) {
+              if (kb2 == 0 || kb2 % 3 == 0 || kb2 == qb) kept.push_back(int32_t(kb2));
+            }
+            offsets.push_back(int32_t(kept.size()));
+          }
+        }
+      };
+      auto run = [&](const KvLayerView& kv, int64_t q0, int64_t q_len, bool sparse) {
+        const AttentionSeqDesc desc{0, int32_t(q_len), int32_t(kContext - kQueries + q0 + q_len), 0};
+        DeviceBuffer db = upload(std::vector<AttentionSeqDesc>{desc});
+        DeviceBuffer ob(b, size_t(q_len * q_row) * 4);
+        if (sparse) sparse_for(q0, q_len);
+        DeviceBuffer base_b = upload(base), off_b = upload(offsets), kept_b = upload(kept.empty() ? std::vector<int32_t>{0} : kept);
+        AttentionArgs a;
+        a.q = qb.as<float>() + q0 * q_row;
+        a.out = ob.as<float>();
+        a.n_tokens = q_len;
+        a.n_heads = kHeads;
+        a.scale = 0.3f;
+        a.window = sh.window;
+        a.seqs = db.as<AttentionSeqDesc>();
+        a.n_seqs = 1;
+        a.block_tables = tb.as<int32_t>();
+        a.max_q_len = int32_t(q_len);
+        a.max_context_len = desc.context_len;
+        if (sparse) a.sparse = {kSparseBlock, base_b.as<int32_t>(), off_b.as<int32_t>(), kept_b.as<int32_t>()};
+        b.attention(a, kv);
+        std::vector<float> out(size_t(q_len * q_row));
+        b.copy_to_host(out.data(), ob.get(), out.size() * 4);
+        if (sparse) {  // the block scores that choose the blocks read the cache too
+          const int64_t n_qb = (desc.context_len - 1) / kSparseBlock - (desc.context_len - q_len) / kSparseBlock + 1;
+          const int64_t stride = (desc.context_len + kSparseBlock - 1) / kSparseBlock;
+          std::vector<float> scores(size_t(sh.n_kv_heads * n_qb * stride), 0.0f);
+          b.attention_block_scores(a, kv, scores.data());
+          out.insert(out.end(), scores.begin(), scores.end());
+        }
+        return out;
+      };
+      for (bool sparse : {false, true}) {
+        const auto want = run(f32, 0, kQueries, sparse);
+        const auto got = run(half, 0, kQueries, sparse);
+        ASSERT_EQ(want.size(), got.size());
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << "queries together, sparse " << sparse;
+        for (int64_t i = 0; i < kQueries; i += 3) {
+          const auto want1 = run(f32, i, 1, sparse), got1 = run(half, i, 1, sparse);
+          EXPECT_EQ(0, std::memcmp(want1.data(), got1.data(), want1.size() * 4)) << "query " << i << " alone, sparse " << sparse;
+        }
+      }
     }
   }
 }
