@@ -49,6 +49,7 @@ std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const Pipelin
   PipelineOptions options;
   options.model = args.model;
   options.backend = args.backend;
+  options.kv_dtype = args.kv_dtype;
   options.threads = args.threads;
   return Pipeline::build(spec, registry, options);
 }

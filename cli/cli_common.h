@@ -13,6 +13,7 @@ struct PipelineArgs {
   std::string pipeline;  // -p; empty = pipelines/default.yaml
   std::string model;     // -m
   std::string backend;   // --backend
+  std::string kv_dtype;  // --kv-dtype
   int threads = 0;       // --threads
 };
 

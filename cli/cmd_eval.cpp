@@ -75,6 +75,7 @@ void eval(const EvalArgs& args) {
   if (!args.baseline.empty()) {
     PipelineArgs base_args = args.pipeline;
     base_args.pipeline = args.baseline;
+    base_args.kv_dtype.clear();  // --kv-dtype is the evaluated pipeline's: the baseline keeps its own
     if (!args.baseline_model.empty()) base_args.model = args.baseline_model;
     auto baseline = build_pipeline(registry, base_args);
     // Perplexities and agreement compare token ids: both models must give them the same meaning.

@@ -121,10 +121,12 @@ inline std::string read_text(const std::string& path) {
 // The default pipeline on the CPU, with `model` and optional component overrides:
 // {"cache": {"plugin": "contiguous", "max_seqs": 4}}.
 inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
-                                              const nlohmann::json& components = nlohmann::json::object()) {
+                                              const nlohmann::json& components = nlohmann::json::object(),
+                                              DType kv_dtype = DType::F32) {
   PipelineSpec spec = default_pipeline_spec();
   spec.model = model;
   spec.backend = "cpu";
+  spec.kv_dtype = kv_dtype;
   for (const auto& [kind_text, value] : components.items()) {
     ComponentKind kind;
     if (!parse_kind(kind_text, &kind)) throw Error("bad kind in test: " + kind_text);

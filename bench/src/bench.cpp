@@ -34,6 +34,7 @@ std::unique_ptr<Pipeline> build(const std::string& file, const BenchOptions& o, 
   PipelineOptions po;
   po.model = o.model;
   po.backend = o.backend;
+  po.kv_dtype = o.kv_dtype;
   po.threads = o.threads;
   return Pipeline::build(load_pipeline_spec(file), registry, po);
 }

@@ -98,6 +98,10 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     spec.backend = options.backend;
     spec.backend_where = "--backend";
   }
+  if (!options.kv_dtype.empty()) {
+    spec.kv_dtype_where = "--kv-dtype";
+    spec.kv_dtype = parse_kv_dtype(options.kv_dtype, spec.kv_dtype_where);
+  }
   validate_pipeline_spec(spec, registry);
   if (spec.model.empty()) {
     throw Error((spec.path.empty() ? std::string("pipeline") : spec.path) + ": no model given (set 'model:' or pass -m)");
@@ -143,15 +147,19 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
 
   AttentionShape shape{mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.sliding_window};
   p->attention_->configure(shape);
-  CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, DType::F32};
+  CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, spec.kv_dtype};
 
   // Every op the components will call must exist on this backend, checked before the first step.
   std::vector<OpRequirement> needs = p->model_->requirements();
   for (auto& r : p->attention_->requirements(geometry.dtype)) needs.push_back(r);
   for (const auto& r : needs) {
     if (!p->backend_->supports(r.op, r.dtype)) {
-      throw Error(r.who + " needs " + std::string(op_name(r.op)) + " on " + std::string(dtype_name(r.dtype)) +
-                  ", which the " + std::string(p->backend_->name()) + " backend does not provide");
+      // The cache type is a setting: name where it was chosen.
+      const bool from_kv_dtype = r.dtype == geometry.dtype && !spec.kv_dtype_where.empty() &&
+                                 (r.op == Op::kv_write || r.op == Op::attention || r.op == Op::sparse_attention);
+      throw Error((from_kv_dtype ? spec.kv_dtype_where + ": kv_dtype: " : std::string()) + r.who + " needs " +
+                  std::string(op_name(r.op)) + " on " + std::string(dtype_name(r.dtype)) + ", which the " +
+                  std::string(p->backend_->name()) + " backend does not provide");
     }
   }
   try {
@@ -175,6 +183,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
 std::string Pipeline::describe() const {
   std::string out = std::string(backend_->name()) + " |";
   for (ComponentKind k : kComponentKinds) out += " " + spec_.components.at(k).plugin;
+  if (spec_.kv_dtype != DType::F32) out += " | kv " + std::string(dtype_name(spec_.kv_dtype));
   return out;
 }
 

@@ -188,6 +188,10 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
       } else {
         throw Error(at(path, value) + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
       }
+    } else if (key == "kv_dtype") {
+      spec.kv_dtype_where = at(path, value);
+      if (!value.IsScalar()) throw Error(spec.kv_dtype_where + ": 'kv_dtype' must be f32, f16 or bf16");
+      spec.kv_dtype = parse_kv_dtype(value.Scalar(), spec.kv_dtype_where);
     } else if (key == "components") {
       if (!value.IsMap()) throw Error(at(path, value) + ": 'components' must be a map of kind -> {plugin: ...}");
       for (const auto& c : value) {
@@ -221,7 +225,7 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
       load_server_section(path, value, spec);
     } else {
       throw Error(at(path, kv.first) + ": unknown key '" + key +
-                  "' (a pipeline has model, backend, extends, components, server)");
+                  "' (a pipeline has model, backend, kv_dtype, extends, components, server)");
     }
   }
   chain.erase(canon);
@@ -229,6 +233,13 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
 }
 
 }  // namespace
+
+DType parse_kv_dtype(const std::string& text, const std::string& where) {
+  if (text == "f32") return DType::F32;
+  if (text == "f16") return DType::F16;
+  if (text == "bf16") return DType::BF16;
+  throw Error(where + ": kv_dtype '" + text + "' is not a KV cache type (f32, f16 or bf16)");
+}
 
 const std::vector<ParamSpec>& server_params() {
   static const std::vector<ParamSpec> specs = {

@@ -118,6 +118,48 @@ TEST_F(PipelineSpecTest, UnknownTopLevelKeyAndKindAreRefusedWithTheirLines) {
   EXPECT_NE(msg.find("needs 'plugin:'"), std::string::npos) << msg;
 }
 
+TEST_F(PipelineSpecTest, KvDtypeIsInheritedAndABadOneNamesItsLineOrFlag) {
+  write("base.yaml", "model: " + test::kStoriesF32 + "\nkv_dtype: f16\n");
+  EXPECT_EQ(load_pipeline_spec(write("child.yaml", "extends: base.yaml\n")).kv_dtype, DType::F16);
+  EXPECT_EQ(load_pipeline_spec(write("child.yaml", "extends: base.yaml\nkv_dtype: bf16\n")).kv_dtype, DType::BF16);
+  EXPECT_EQ(load_pipeline_spec(write("plain.yaml", "model: x.gguf\n")).kv_dtype, DType::F32);
+  std::string msg = error_of("model: x.gguf\nkv_dtype: q8_0\n");
+  EXPECT_NE(msg.find("p.yaml:2: kv_dtype 'q8_0' is not a KV cache type (f32, f16 or bf16)"), std::string::npos) << msg;
+  msg = error_of("kv_dtype: [f16]\n");
+  EXPECT_NE(msg.find("p.yaml:1: 'kv_dtype' must be f32, f16 or bf16"), std::string::npos) << msg;
+  PipelineOptions options;
+  options.kv_dtype = "fp16";
+  try {
+    Pipeline::build(load_pipeline_spec(write("ok.yaml", "model: " + test::kStoriesF32 + "\n")), test::plugins(), options);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-dtype: kv_dtype 'fp16' is not"), std::string::npos) << e.what();
+  }
+}
+
+// f16 and bf16 caches hold a token in half the bytes: a paged pool of the same memory has twice the
+// blocks, a contiguous one the same slots in half the memory.
+TEST_F(PipelineSpecTest, AHalfPrecisionKvCacheHoldsTwiceTheTokensPerByte) {
+  for (const char* cache : {"{ plugin: paged, memory: 1MiB, block_size: 16 }", "{ plugin: contiguous, max_seqs: 4 }"}) {
+    std::map<std::string, CacheStats> stats;
+    for (const char* kv : {"f32", "f16", "bf16"}) {
+      const std::string path = write(std::string(kv) + ".yaml", "model: " + test::kStoriesF32 + "\nbackend: cpu\nkv_dtype: " +
+                                                                  kv + "\ncomponents:\n  cache: " + cache + "\n");
+      auto p = Pipeline::build(load_pipeline_spec(path), test::plugins());
+      stats[kv] = p->cache().stats();
+      EXPECT_NE(p->describe().find(std::string(kv) == "f32" ? "sampling" : std::string("| kv ") + kv), std::string::npos);
+    }
+    SCOPED_TRACE(cache);
+    for (const char* kv : {"f16", "bf16"}) {
+      if (std::string(cache).find("paged") != std::string::npos) {
+        EXPECT_EQ(stats[kv].blocks_total, 2 * stats["f32"].blocks_total) << kv;
+      } else {
+        EXPECT_EQ(2 * stats[kv].bytes_total, stats["f32"].bytes_total) << kv;
+      }
+    }
+  }
+}
+
 TEST_F(PipelineSpecTest, MalformedYamlNamesTheLine) {
   const std::string msg = error_of("model: x.gguf\ncomponents:\n  cache: { plugin: contiguous\n");
   EXPECT_NE(msg.find("p.yaml:"), std::string::npos) << msg;

@@ -2,6 +2,7 @@
 //
 //   model: ../shared/models/stories260K/stories260K-f32.gguf
 //   backend: auto                      # cpu | cuda | hip | auto
+//   kv_dtype: f16                      # optional: KV cache element type, f32 (default) | f16 | bf16
 //   extends: baseline.yaml             # optional: start from another pipeline, then override
 //   components:
 //     quantizer: { plugin: none }
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/component.h"
+#include "tessera/dtype.h"
 #include "tessera/params.h"
 
 namespace tessera {
@@ -40,6 +42,8 @@ struct PipelineSpec {
   std::string backend = "auto";
   nlohmann::json backend_params = nlohmann::json::object();
   std::string backend_where;
+  DType kv_dtype = DType::F32;  // the KV cache's element type (f32, f16 or bf16)
+  std::string kv_dtype_where;
   std::map<ComponentKind, ComponentSpec> components;  // every kind present after loading
   // The `server:` section: only the keys the file gives, checked against server_params() (types and
   // ranges) when loaded; `extends` merges it key by key.
@@ -52,6 +56,9 @@ const std::vector<ParamSpec>& server_params();
 // Checks one server setting's range (port 0..65535, counts >= 1 ...); throws Error naming `where`,
 // the key and the value. Used for the file and for command-line overrides alike.
 void check_server_value(const std::string& key, const nlohmann::json& value, const std::string& where);
+
+// "f32", "f16" or "bf16" as a KV cache type; throws Error naming `where` and the value otherwise.
+DType parse_kv_dtype(const std::string& text, const std::string& where);
 
 // Built-in defaults for kinds a file leaves out.
 std::string default_plugin(ComponentKind kind);

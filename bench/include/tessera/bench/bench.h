@@ -29,6 +29,7 @@ struct BenchOptions {
   std::string out_dir;
   std::string model;    // -m: overrides every pipeline's model
   std::string backend;  // overrides every pipeline's backend
+  std::string kv_dtype;  // overrides every pipeline's KV cache type
   int threads = 0;      // CPU threads; 0 = the backend's default
   bool accuracy = true;
   std::string accuracy_text;       // perplexity text; default: the workload's prompt file
