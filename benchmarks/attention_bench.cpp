@@ -5,7 +5,7 @@
 //                     `sparse` attention plugins (keep_ratio 0.25).
 //   BM_Decode         decode tokens/s after a long prompt with each plugin (sparse decodes densely,
 //                     so this should not move).
-//   BM_DecodeAttentionCold  decode attention of a 110m-shaped model over a cold KV cache.
+//   BM_DecodeAttentionCold  decode attention of a 110m-shaped model over a cold KV cache (f32, f16, bf16).
 // The model is synthetic (long context, small width, so attention dominates as it does at long
 // context in real models); it is written once to a temporary file. Shape: env TESSERA_BENCH_LONG_MODEL
 // replaces it with any GGUF of context > 8192.
@@ -175,18 +175,24 @@ BENCHMARK(BM_AttentionOp)
 // positions. Only the attention calls are timed; KV_GB is the K and V bytes they read.
 void BM_DecodeAttentionCold(benchmark::State& state) {
   const int64_t ctx = state.range(0);
+  const DType dtype = state.range(1) == 0 ? DType::F32 : state.range(1) == 1 ? DType::F16 : DType::BF16;
+  state.SetLabel(std::string("kv ") + std::string(dtype_name(dtype)));
   constexpr int64_t kLayers = 12, kHeads = 12, kHeadDim = 64, kSlots = 1024;
-  const size_t pool = size_t(kSlots * kHeads * kHeadDim) * sizeof(float);
+  const size_t elem = dtype_row_bytes(dtype, 1);
+  const size_t pool = size_t(kSlots * kHeads * kHeadDim) * elem;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> host(pool / sizeof(float));
+  std::vector<float> host(size_t(kSlots * kHeads * kHeadDim));
   for (auto& v : host) v = dist(rng);
+  std::vector<uint16_t> half(host.size());
+  for (size_t i = 0; i < host.size(); ++i) half[i] = dtype == DType::F16 ? f32_to_fp16(host[i]) : f32_to_bf16(host[i]);
+  const void* stored = dtype == DType::F32 ? static_cast<const void*>(host.data()) : half.data();
   std::vector<DeviceBuffer> k, v;
   for (int64_t l = 0; l < kLayers; ++l) {
     k.emplace_back(cpu(), pool);
     v.emplace_back(cpu(), pool);
-    k.back().upload(host.data(), pool);
-    v.back().upload(host.data(), pool);
+    k.back().upload(stored, pool);
+    v.back().upload(stored, pool);
   }
   std::vector<float> q(size_t(kHeads * kHeadDim)), out(q.size());
   for (auto& x : q) x = dist(rng) * 0.1f;
@@ -201,6 +207,7 @@ void BM_DecodeAttentionCold(benchmark::State& state) {
       KvLayerView kv;
       kv.k = k[size_t(l)].get();
       kv.v = v[size_t(l)].get();
+      kv.dtype = dtype;
       kv.num_blocks = 1;
       kv.block_size = kSlots;
       kv.n_kv_heads = kHeads;
@@ -223,10 +230,14 @@ void BM_DecodeAttentionCold(benchmark::State& state) {
     state.SetIterationTime(seconds);
   }
   benchmark::DoNotOptimize(sink);
-  const double bytes = double(kLayers * ctx * kHeads * kHeadDim) * 2 * sizeof(float);
+  const double bytes = double(kLayers * ctx * kHeads * kHeadDim) * 2 * double(elem);
   state.counters["KV_GB"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_DecodeAttentionCold)->Arg(40)->Arg(128)->Arg(512)->UseManualTime()->Unit(benchmark::kMicrosecond);
+// Args: context, cache type (0 f32, 1 f16, 2 bf16).
+BENCHMARK(BM_DecodeAttentionCold)
+    ->ArgsProduct({{40, 128, 512}, {0, 1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // --- whole model -----------------------------------------------------------------------------
 

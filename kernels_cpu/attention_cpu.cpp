@@ -39,6 +39,9 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   const auto* kbase = static_cast<const uint8_t*>(kv.k) + t.kv_head * head_bytes;
   const auto* vbase = static_cast<const uint8_t*>(kv.v) + t.kv_head * head_bytes;
   const int64_t first_pos = s.context_len - s.q_len;
+  // Rows as the cache stores them; f16 and bf16 are widened in registers, so a half cache gives
+  // the bits of an f32 cache holding the same (rounded) values.
+  const RowOps& rows = ops.rows(kv.dtype);
 
   float m[kMaxGroup], l[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
@@ -49,18 +52,18 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // From a multiple of 8, the keys' chunk boundary in the transposed copy below.
   const int64_t first_key = windowed ? std::max<int64_t>(0, first_pos + t.q_begin - a.window + 1) / 8 * 8 : 0;
   const int64_t last_key = first_pos + t.q_end - 1;
-  thread_local std::vector<const uint8_t*> kraw, vraw;
+  thread_local std::vector<const void*> krows_all, vrows_all;
   const int64_t n_keys = last_key - first_key + 1;
-  kraw.resize(size_t(n_keys));
-  vraw.resize(kraw.size());
+  krows_all.resize(size_t(n_keys));
+  vrows_all.resize(krows_all.size());
   {
     // Walk the block table instead of dividing per key (a division costs more than the dot
     // product of a small head).
     int64_t kb = first_key / kv.block_size, off = first_key % kv.block_size;
-    for (size_t j = 0; j < kraw.size(); ++j) {
+    for (size_t j = 0; j < krows_all.size(); ++j) {
       const size_t slot = size_t(table[kb]) * size_t(kv.block_size) + size_t(off);
-      kraw[j] = kbase + slot * row_bytes;
-      vraw[j] = vbase + slot * row_bytes;
+      krows_all[j] = kbase + slot * row_bytes;
+      vrows_all[j] = vbase + slot * row_bytes;
       if (++off == kv.block_size) {
         off = 0;
         ++kb;
@@ -71,44 +74,10 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // transposed in chunks of 8 once for all of them (see VecOps): their scores then take no
   // horizontal sums. A lone query (MHA decode) reads the rows. Both give the same bits.
   const bool transposed = group * (t.q_end - t.q_begin) >= 2;
-  // A half-precision cache's rows are converted to float before the same float arithmetic (the
-  // same bits as an f32 cache holding the rounded values): all at once where several queries or
-  // the transposed copy reuse them, else a key block at a time, while it is in L1.
-  const bool half = kv.dtype != DType::F32;
-  const bool many_queries = t.q_end - t.q_begin > 1;
-  const bool k_whole = half && (transposed || many_queries), v_whole = half && many_queries;
-  thread_local std::vector<float> kconv, vconv, kblock, vblock;
-  thread_local std::vector<const float*> krows_all, vrows_all, kblock_rows, vblock_rows;
-  auto as_float_rows = [&](const std::vector<const uint8_t*>& raw, bool convert, std::vector<float>& buf,
-                           std::vector<const float*>& rows) {
-    rows.resize(raw.size());
-    if (!half) {
-      for (size_t j = 0; j < raw.size(); ++j) rows[j] = reinterpret_cast<const float*>(raw[j]);
-    } else if (convert) {
-      buf.resize(raw.size() * size_t(hd));
-      for (size_t j = 0; j < raw.size(); ++j) {
-        unpack_row(kv.dtype, raw[j], buf.data() + j * size_t(hd), hd);
-        rows[j] = buf.data() + j * size_t(hd);
-      }
-    }
-  };
-  as_float_rows(kraw, k_whole, kconv, krows_all);
-  as_float_rows(vraw, v_whole, vconv, vrows_all);
-  // Rows [j, j + n) of one key block, converted into `buf` (a half cache read a block at a time).
-  auto block_rows = [&](const std::vector<const uint8_t*>& raw, int64_t j, int n, std::vector<float>& buf,
-                        std::vector<const float*>& rows) {
-    buf.resize(size_t(kKeyBlock * hd));
-    rows.resize(size_t(kKeyBlock));
-    for (int i = 0; i < n; ++i) {
-      unpack_row(kv.dtype, raw[size_t(j + i)], buf.data() + i * hd, hd);
-      rows[size_t(i)] = buf.data() + i * hd;
-    }
-    return rows.data();
-  };
   thread_local std::vector<float> kt;
   if (transposed) {
     kt.resize(size_t((n_keys + 7) / 8 * 8 * hd));
-    ops.transpose_rows(krows_all.data(), n_keys, hd, kt.data());
+    rows.transpose_rows(krows_all.data(), n_keys, hd, kt.data());
   }
   // Block-sparse: this sequence's kept key blocks for (kv head, query block).
   const BlockSparseLayout& sp = a.sparse;
@@ -130,14 +99,12 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
         // ignored.
         const int skip = transposed ? static_cast<int>((b - first_key) % 8) : 0;
         const float* kchunks = transposed ? kt.data() + (b - first_key) / 8 * 8 * hd : nullptr;
-        const float* const* krows = half && !k_whole ? block_rows(kraw, b - first_key, n, kblock, kblock_rows)
-                                                     : krows_all.data() + (b - first_key);
-        const float* const* vrows = half && !v_whole ? block_rows(vraw, b - first_key, n, vblock, vblock_rows)
-                                                     : vrows_all.data() + (b - first_key);
+        const void* const* krows = krows_all.data() + (b - first_key);
+        const void* const* vrows = vrows_all.data() + (b - first_key);
         float* sb = scores + skip;
         for (int64_t g = 0; g < group; ++g) {
           const float block_max = transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores)
-                                             : ops.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
+                                             : rows.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;
@@ -145,7 +112,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
             for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
           }
           l[g] = l[g] * correction + ops.exp_shift(sb, n, new_m);
-          ops.weighted_sum(sb, vrows, n, hd, ag);
+          rows.weighted_sum(sb, vrows, n, hd, ag);
           m[g] = new_m;
         }
       }

@@ -11,26 +11,50 @@ namespace tessera::cpu {
 
 namespace {
 
+#define TESSERA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// How an element of a cache row reaches a register: f32 as stored; f16 and bf16 widened, exactly.
+struct F32Row {
+  static float at(const void* r, int64_t d) { return static_cast<const float*>(r)[d]; }
+  TESSERA_AVX2 static __m256 load8(const void* r, int64_t d) { return _mm256_loadu_ps(static_cast<const float*>(r) + d); }
+};
+struct F16Row {
+  static float at(const void* r, int64_t d) { return fp16_to_f32(static_cast<const uint16_t*>(r)[d]); }
+  TESSERA_AVX2 static __m256 load8(const void* r, int64_t d) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(r) + d)));
+  }
+};
+struct BF16Row {
+  static float at(const void* r, int64_t d) { return bf16_to_f32(static_cast<const uint16_t*>(r)[d]); }
+  TESSERA_AVX2 static __m256 load8(const void* r, int64_t d) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(r) + d));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
 // Keys [from, round_up(n, 8)) into their chunks, zeros past n.
-void transpose_keys_from(const float* const* rows, int64_t from, int64_t n, int64_t hd, float* kt) {
+template <class Row>
+void transpose_keys_from(const void* const* rows, int64_t from, int64_t n, int64_t hd, float* kt) {
   for (int64_t j = from; j < (n + 7) / 8 * 8; ++j) {
     float* col = kt + j / 8 * 8 * hd + j % 8;
-    for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? rows[j][d] : 0.0f;
+    for (int64_t d = 0; d < hd; ++d) col[d * 8] = j < n ? Row::at(rows[j], d) : 0.0f;
   }
 }
 
-void transpose_rows_generic(const float* const* rows, int64_t n, int64_t hd, float* kt) {
-  transpose_keys_from(rows, 0, n, hd, kt);
+template <class Row>
+void transpose_rows_generic(const void* const* rows, int64_t n, int64_t hd, float* kt) {
+  transpose_keys_from<Row>(rows, 0, n, hd, kt);
 }
 
 // The two generic score loops must round alike: never inlined into the AVX2 functions, where the
 // compiler could contract one of them into FMAs and not the other.
-__attribute__((noinline)) float dot_rows_generic(const float* q, const float* const* rows, int n, int64_t hd,
+template <class Row>
+__attribute__((noinline)) float dot_rows_generic(const float* q, const void* const* rows, int n, int64_t hd,
                                                  float scale, float* out) {
   float mx = -INFINITY;
   for (int j = 0; j < n; ++j) {
     float s = 0;
-    for (int64_t d = 0; d < hd; ++d) s += q[d] * rows[j][d];
+    for (int64_t d = 0; d < hd; ++d) s += q[d] * Row::at(rows[j], d);
     out[j] = s * scale;
     mx = std::max(mx, out[j]);
   }
@@ -59,28 +83,29 @@ float exp_shift_generic(float* s, int n, float shift) {
   return sum;
 }
 
-void weighted_sum_generic(const float* p, const float* const* rows, int n, int64_t hd, float* acc) {
+template <class Row>
+void weighted_sum_generic(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
   for (int j = 0; j < n; ++j) {
-    for (int64_t d = 0; d < hd; ++d) acc[d] += p[j] * rows[j][d];
+    for (int64_t d = 0; d < hd; ++d) acc[d] += p[j] * Row::at(rows[j], d);
   }
 }
 
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+TESSERA_AVX2 inline float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const* rows, int64_t n, int64_t hd,
-                                                             float* kt) {
+template <class Row>
+TESSERA_AVX2 void transpose_rows_avx2(const void* const* rows, int64_t n, int64_t hd, float* kt) {
   int64_t j = 0;
   if (hd % 8 == 0) {
     for (; j + 8 <= n; j += 8) {
       float* chunk = kt + j * hd;
       for (int64_t d = 0; d < hd; d += 8) {
         __m256 r[8], t[8];
-        for (int u = 0; u < 8; ++u) r[u] = _mm256_loadu_ps(rows[j + u] + d);
+        for (int u = 0; u < 8; ++u) r[u] = Row::load8(rows[j + u], d);
         for (int u = 0; u < 8; u += 2) {
           t[u] = _mm256_unpacklo_ps(r[u], r[u + 1]);
           t[u + 1] = _mm256_unpackhi_ps(r[u], r[u + 1]);
@@ -98,28 +123,28 @@ __attribute__((target("avx2,fma"))) void transpose_rows_avx2(const float* const*
       }
     }
   }
-  transpose_keys_from(rows, j, n, hd, kt);
+  transpose_keys_from<Row>(rows, j, n, hd, kt);
 }
 
-__attribute__((target("avx2,fma"))) float max256(__m256 v) {
+TESSERA_AVX2 float max256(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return std::max(_mm_cvtss_f32(m), _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)));
 }
 
 // Four keys side by side, each a vector of 8 lane chains over the head, then hsum256.
-__attribute__((target("avx2,fma"))) float dot_rows_avx2(const float* q, const float* const* rows, int n, int64_t hd,
-                                                       float scale, float* out) {
-  if (hd % 8 != 0) return dot_rows_generic(q, rows, n, hd, scale, out);
+template <class Row>
+TESSERA_AVX2 float dot_rows_avx2(const float* q, const void* const* rows, int n, int64_t hd, float scale, float* out) {
+  if (hd % 8 != 0) return dot_rows_generic<Row>(q, rows, n, hd, scale, out);
   int j = 0;
   for (; j + 4 <= n; j += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + d), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 1] + d), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 2] + d), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j + 3] + d), a3);
+      a0 = _mm256_fmadd_ps(qv, Row::load8(rows[j], d), a0);
+      a1 = _mm256_fmadd_ps(qv, Row::load8(rows[j + 1], d), a1);
+      a2 = _mm256_fmadd_ps(qv, Row::load8(rows[j + 2], d), a2);
+      a3 = _mm256_fmadd_ps(qv, Row::load8(rows[j + 3], d), a3);
     }
     out[j] = hsum256(a0) * scale;
     out[j + 1] = hsum256(a1) * scale;
@@ -128,7 +153,7 @@ __attribute__((target("avx2,fma"))) float dot_rows_avx2(const float* q, const fl
   }
   for (; j < n; ++j) {
     __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(rows[j] + d), a);
+    for (int64_t d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), Row::load8(rows[j], d), a);
     out[j] = hsum256(a) * scale;
   }
   float m = -INFINITY;
@@ -138,7 +163,7 @@ __attribute__((target("avx2,fma"))) float dot_rows_avx2(const float* q, const fl
 
 // One chunk (8 keys) per step: lane l's chain for the 8 keys is one vector (8 independent chains
 // hide the FMA latency), and the lanes are summed in hsum256's order.
-__attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
+TESSERA_AVX2 float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
                                                        int64_t hd, float scale, float* out) {
   if (hd % 8 != 0) return dot_cols_generic(q, kt, n, skip, hd, scale, out);
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -165,7 +190,7 @@ __attribute__((target("avx2,fma"))) float dot_cols_avx2(const float* q, const fl
   return m;
 }
 
-__attribute__((target("avx2,fma"))) float exp_shift_avx2(float* s, int n, float shift) {
+TESSERA_AVX2 float exp_shift_avx2(float* s, int n, float shift) {
   const __m256 sh = _mm256_set1_ps(shift);
   __m256 sum = _mm256_setzero_ps();
   int j = 0;
@@ -182,19 +207,20 @@ __attribute__((target("avx2,fma"))) float exp_shift_avx2(float* s, int n, float 
   return total;
 }
 
-// a += w · r[0..16), as two 8-lane chunks.
-__attribute__((target("avx2,fma"))) inline void weighted_step(__m256 (&a)[2], float w, const float* r) {
+// a += w · r[d..d+16), as two 8-lane chunks.
+template <class Row>
+TESSERA_AVX2 inline void weighted_step(__m256 (&a)[2], float w, const void* r, int64_t d) {
   const __m256 wv = _mm256_set1_ps(w);
-  a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(r), a[0]);
-  a[1] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(r + 8), a[1]);
+  a[0] = _mm256_fmadd_ps(wv, Row::load8(r, d), a[0]);
+  a[1] = _mm256_fmadd_ps(wv, Row::load8(r, d + 8), a[1]);
 }
 
 // Four partial sums over the keys (j mod 4) hide the FMA latency of one running sum. Two 8-lane
 // chunks of the head go together, so each key's row pointer and weight are loaded once per 16
 // elements (one load per FMA instead of three); every element still sums its keys in the same order.
-__attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const float* const* rows, int n, int64_t hd,
-                                                           float* acc) {
-  if (hd % 8 != 0) return weighted_sum_generic(p, rows, n, hd, acc);
+template <class Row>
+TESSERA_AVX2 void weighted_sum_avx2(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
+  if (hd % 8 != 0) return weighted_sum_generic<Row>(p, rows, n, hd, acc);
   int64_t d = 0;
   for (; d + 16 <= hd; d += 16) {
     __m256 a0[2] = {_mm256_loadu_ps(acc + d), _mm256_loadu_ps(acc + d + 8)};
@@ -203,12 +229,12 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
     __m256 a3[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-      weighted_step(a0, p[j], rows[j] + d);
-      weighted_step(a1, p[j + 1], rows[j + 1] + d);
-      weighted_step(a2, p[j + 2], rows[j + 2] + d);
-      weighted_step(a3, p[j + 3], rows[j + 3] + d);
+      weighted_step<Row>(a0, p[j], rows[j], d);
+      weighted_step<Row>(a1, p[j + 1], rows[j + 1], d);
+      weighted_step<Row>(a2, p[j + 2], rows[j + 2], d);
+      weighted_step<Row>(a3, p[j + 3], rows[j + 3], d);
     }
-    for (; j < n; ++j) weighted_step(a0, p[j], rows[j] + d);
+    for (; j < n; ++j) weighted_step<Row>(a0, p[j], rows[j], d);
     for (int c = 0; c < 2; ++c) {
       _mm256_storeu_ps(acc + d + 8 * c, _mm256_add_ps(_mm256_add_ps(a0[c], a1[c]), _mm256_add_ps(a2[c], a3[c])));
     }
@@ -217,23 +243,28 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
     __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows[j] + d), a0);
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]), _mm256_loadu_ps(rows[j + 1] + d), a1);
-      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 2]), _mm256_loadu_ps(rows[j + 2] + d), a2);
-      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 3]), _mm256_loadu_ps(rows[j + 3] + d), a3);
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), Row::load8(rows[j], d), a0);
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]), Row::load8(rows[j + 1], d), a1);
+      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 2]), Row::load8(rows[j + 2], d), a2);
+      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 3]), Row::load8(rows[j + 3], d), a3);
     }
-    for (; j < n; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows[j] + d), a0);
+    for (; j < n; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), Row::load8(rows[j], d), a0);
     _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   }
 }
 
+template <class Row>
+constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>};
+template <class Row>
+constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>};
+
 }  // namespace
 
 const VecOps& vec_ops() {
-  static const VecOps generic{dot_rows_generic, transpose_rows_generic, dot_cols_generic, exp_shift_generic,
-                              weighted_sum_generic};
-  static const VecOps avx2{dot_rows_avx2, transpose_rows_avx2, dot_cols_avx2, exp_shift_avx2, weighted_sum_avx2};
-  return has_avx2() ? avx2 : generic;
+  static const VecOps generic{generic_rows<F32Row>, generic_rows<F16Row>, generic_rows<BF16Row>, dot_cols_generic,
+                              exp_shift_generic};
+  static const VecOps avx2{avx2_rows<F32Row>, avx2_rows<F16Row>, avx2_rows<BF16Row>, dot_cols_avx2, exp_shift_avx2};
+  return has_f16c() ? avx2 : generic;  // has_f16c: F16C and AVX2 (with FMA on every such CPU)
 }
 
 }  // namespace tessera::cpu

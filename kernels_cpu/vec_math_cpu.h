@@ -1,29 +1,40 @@
 // Small vector routines for the attention inner loops, with an AVX2 and a portable version picked
-// once at run time (never in a global initialiser).
+// once at run time (never in a global initialiser): AVX2 with FMA and F16C, or portable.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "tessera/dtype.h"
+
 namespace tessera::cpu {
 
-struct VecOps {
+// The routines that read key/value rows as the cache stores them (f32, f16 or bf16; half types are
+// widened exactly on load, so a row gives the same bits in every type that holds its values).
+struct RowOps {
   // Scores out[j] = scale * q·key_j, in two forms that give the same bits (a query's scores do
   // not depend on how many queries share its keys): from the key rows, or from keys transposed in
   // chunks of 8 (kt[(j / 8) * 8 * hd + d * 8 + j % 8] = rows[j][d], the last chunk's missing keys
-  // zero), which costs a transposition per attention task but no horizontal sums per key.
-  // With AVX2 and hd a multiple of 8 a score is 8 lane chains of FMAs over d = l, l+8, ... then
-  // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); otherwise one sequential sum.
-  // dot_rows: j < n, returns the max; dot_cols: kt at a chunk start, out needs room for
-  // round_up(n, 8), returns the max over [skip, n).
-  float (*dot_rows)(const float* q, const float* const* rows, int n, int64_t hd, float scale, float* out);
-  void (*transpose_rows)(const float* const* rows, int64_t n, int64_t hd, float* kt);
+  // zero, see VecOps::dot_cols), which costs a transposition per attention task but no horizontal
+  // sums per key. With AVX2 and hd a multiple of 8 a score is 8 lane chains of FMAs over
+  // d = l, l+8, ... then ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); otherwise one sequential sum.
+  // dot_rows: j < n, returns the max.
+  float (*dot_rows)(const float* q, const void* const* rows, int n, int64_t hd, float scale, float* out);
+  void (*transpose_rows)(const void* const* rows, int64_t n, int64_t hd, float* kt);
+  // acc[0..hd) += sum_j p[j] * rows[j][0..hd).
+  void (*weighted_sum)(const float* p, const void* const* rows, int n, int64_t hd, float* acc);
+};
+
+struct VecOps {
+  RowOps f32, f16, bf16;
+  // Scores from transposed keys: kt at a chunk start, out needs room for round_up(n, 8), returns
+  // the max over [skip, n).
   float (*dot_cols)(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
-  // acc[0..hd) += sum_j p[j] * rows[j][0..hd).
-  void (*weighted_sum)(const float* p, const float* const* rows, int n, int64_t hd, float* acc);
+
+  const RowOps& rows(DType t) const { return t == DType::F16 ? f16 : t == DType::BF16 ? bf16 : f32; }
 };
 
 const VecOps& vec_ops();
