@@ -139,8 +139,7 @@ void run(const RunArgs& args) {
                 << " tok/s, " << r.tokens.size() << " generated at " << static_cast<int64_t>(decode_tps)
                 << " tok/s, finish: " << finish_reason_name(r.reason)
                 << (r.reason == FinishReason::length && int64_t(r.tokens.size()) < args.max_tokens
-                        ? " (the model's context of " + std::to_string(model.config().context_length) +
-                              " tokens is full)"
+                        ? " (full: " + pipeline->sequence_limit_text() + ")"
                         : "")
                 << "]\n";
       if (!r.error.empty()) std::cerr << "error: " << r.error << "\n";

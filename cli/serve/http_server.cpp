@@ -224,7 +224,7 @@ void HttpServer::routes() {
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
-                        {"owned_by", "tessera"}, {"max_model_len", pipeline_.model().config().context_length}};
+                        {"owned_by", "tessera"}, {"max_model_len", pipeline_.max_sequence_tokens()}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
   });
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
@@ -235,7 +235,7 @@ void HttpServer::routes() {
       return;
     }
     send_json(res, 200, {{"id", id}, {"object", "model"}, {"created", started_}, {"owned_by", "tessera"},
-                         {"max_model_len", pipeline_.model().config().context_length}});
+                         {"max_model_len", pipeline_.max_sequence_tokens()}});
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const std::string failure = engine_.failure();
@@ -335,18 +335,19 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
     }
   }
   const auto n = int64_t(g.prompt.size());
-  const int64_t ctx = model.context_length;
+  const int64_t ctx = pipeline_.max_sequence_tokens();
   if (n >= ctx) {
     throw bad_field(prompt_field,
-                    "the prompt is " + std::to_string(n) + " tokens; the model's context is " + std::to_string(ctx) +
-                        " tokens, which must also hold at least one generated token",
+                    "the prompt is " + std::to_string(n) + " tokens; " + pipeline_.sequence_limit_text() +
+                        " must also hold at least one generated token",
                     "context_length_exceeded");
   }
   if (r.max_tokens) {
     if (n + *r.max_tokens > ctx) {
       throw bad_field("max_tokens",
                       "'max_tokens' is " + std::to_string(*r.max_tokens) + ", but the prompt is " + std::to_string(n) +
-                          " tokens and the context " + std::to_string(ctx) + ": at most " + std::to_string(ctx - n) +
+                          " tokens and the limit " + std::to_string(ctx) + " (" + pipeline_.sequence_limit_text() +
+                          "): at most " + std::to_string(ctx - n) +
                           " tokens can be generated",
                       "context_length_exceeded");
     }

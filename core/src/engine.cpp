@@ -54,10 +54,10 @@ RequestId Engine::submit(GenerationRequest request) {
   const ModelConfig& config = pipeline_.model().config();
   const auto n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw Error("the prompt is empty");
-  if (n >= config.context_length) {
-    throw Error("the prompt has " + std::to_string(n) + " tokens; the model's context is " +
-                std::to_string(config.context_length) +
-                " tokens, which must also leave room for at least one generated token");
+  const int64_t limit = pipeline_.max_sequence_tokens();
+  if (n >= limit) {
+    throw Error("the prompt has " + std::to_string(n) + " tokens; " + pipeline_.sequence_limit_text() +
+                " must also leave room for at least one generated token");
   }
   if (request.max_tokens < 0) throw Error("max_tokens must be >= 0, got " + std::to_string(request.max_tokens));
   for (int32_t t : request.prompt) {
@@ -76,7 +76,7 @@ RequestId Engine::submit(GenerationRequest request) {
   s->rng = s->sampling.seed;
   s->result.prompt = request.prompt;
   s->tokens = request.prompt;
-  s->max_total = std::min(config.context_length, n + request.max_tokens);
+  s->max_total = std::min(limit, n + request.max_tokens);
   s->request = std::move(request);
 
   std::lock_guard lock(mutex_);
@@ -132,7 +132,7 @@ bool Engine::step() {
   std::vector<SequenceInfo> waiting_info, running_info;
   for (auto& s : waiting_) waiting_info.push_back(s->info());
   for (auto& s : running_) running_info.push_back(s->info());
-  SchedulerView view{waiting_info, running_info, pipeline_.model().config().context_length, now()};
+  SchedulerView view{waiting_info, running_info, pipeline_.max_sequence_tokens(), now()};
   Cache& cache = pipeline_.cache();
   Budget budget(cache, *this);
   StepPlan plan = pipeline_.scheduler().schedule(view, budget);
@@ -164,7 +164,7 @@ bool Engine::step() {
         s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
                          " tokens, up to " + std::to_string(s.max_total) + " with the tokens to generate) in " +
                          std::to_string(cs.blocks_total) + " blocks of " + std::to_string(cs.block_size) +
-                         " tokens; give the cache more memory or a longer max_len, ask for fewer tokens, or "
+                         " tokens; give the cache more memory, ask for fewer tokens, or "
                          "lower the scheduler's admission_reserve";
         finish(s, FinishReason::error);
         waiting_.erase(waiting_.begin());

@@ -180,6 +180,21 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   return p;
 }
 
+int64_t Pipeline::max_sequence_tokens() const {
+  const int64_t context = model_->config().context_length;
+  const int64_t cache = cache_->stats().max_seq_tokens;
+  return cache > 0 ? std::min(context, cache) : context;
+}
+
+std::string Pipeline::sequence_limit_text() const {
+  const int64_t limit = max_sequence_tokens();
+  if (limit < model_->config().context_length) {
+    return "the " + spec_.components.at(ComponentKind::cache).plugin + " cache's " + std::to_string(limit) +
+           " tokens per sequence";
+  }
+  return "the model's context of " + std::to_string(limit) + " tokens";
+}
+
 std::string Pipeline::describe() const {
   std::string out = std::string(backend_->name()) + " |";
   for (ComponentKind k : kComponentKinds) out += " " + spec_.components.at(k).plugin;

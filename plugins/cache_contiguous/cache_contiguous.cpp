@@ -131,6 +131,7 @@ class ContiguousCache final : public Cache {
     s.bytes_total = geometry_.bytes_per_token() * size_t(max_len_ * max_seqs_);
     s.bytes_used = geometry_.bytes_per_token() * size_t(max_len_ * s.blocks_used);
     s.slots_allocated = max_len_ * s.blocks_used;
+    s.max_seq_tokens = max_len_;
     for (const auto& [id, slot] : seqs_) s.tokens_stored += slot.tokens;
     return s;
   }

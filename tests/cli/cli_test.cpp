@@ -388,7 +388,7 @@ TEST(Cli, RunSaysWhenTheContextEndedGenerationBeforeMaxTokens) {
   // stories260K's context is 512 tokens: -n past it stops there, and the status line says why.
   Output o = tessera_cmd("run -n 100000 --ignore-eos 'Once upon a time'");
   ASSERT_EQ(o.status, 0) << o.text;
-  EXPECT_NE(o.text.find("finish: length (the model's context of 512 tokens is full)"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("finish: length (full: the model's context of 512 tokens)"), std::string::npos) << o.text;
   o = tessera_cmd("run -n 5 'Once upon a time'");
   ASSERT_EQ(o.status, 0) << o.text;
   EXPECT_NE(o.text.find("finish: length]"), std::string::npos) << o.text;

@@ -204,6 +204,17 @@ TEST_P(CacheConformance, RefusesWhatDoesNotFitWithoutSideEffects) {
   EXPECT_FALSE(table(2).empty());
 }
 
+// A per-sequence bound (the engine stops a sequence there, as at the model's context) must be one
+// the cache keeps: a sequence that long fits an empty cache, one token more does not.
+TEST_P(CacheConformance, APerSequenceBoundIsTheOneItKeeps) {
+  const int64_t bound = start_.max_seq_tokens;
+  ASSERT_GE(bound, 0);
+  if (bound == 0) GTEST_SKIP() << "no per-sequence bound but the pool's";
+  EXPECT_LE(bound, kGeometry.max_context);
+  EXPECT_TRUE(cache_->plan(std::vector<CacheRequest>{request(1, bound)}).has_value());
+  EXPECT_FALSE(cache_->plan(std::vector<CacheRequest>{request(1, bound + 1)}).has_value());
+}
+
 TEST_P(CacheConformance, FillsToCapacityAndReleaseReturnsBlocks) {
   // retain = false: the user opted out of prefix retention, so a prefix cache must free the blocks
   // outright and blocks_used has a single right answer.

@@ -125,7 +125,9 @@ namespace tessera {
 namespace {
 
 TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
-  auto p = test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "contiguous"}, {"max_len", 16}}}});
+  // One block of 16 tokens in all (stories260K: 1280 bytes a token).
+  auto p = test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", 16 * 1280}}}});
+  ASSERT_EQ(p->cache().stats().blocks_total, 1);
   Engine engine(*p);
   GenerationRequest big;
   big.prompt.assign(20, 300);
@@ -143,13 +145,47 @@ TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
       EXPECT_NE(r.error.find("cannot hold this request (20 tokens, up to 24 with the tokens to generate) in "),
                 std::string::npos)
           << r.error;
-      EXPECT_NE(r.error.find(" blocks of 16 tokens"), std::string::npos) << r.error;
+      EXPECT_NE(r.error.find("1 blocks of 16 tokens"), std::string::npos) << r.error;
     } else {
       EXPECT_EQ(r.id, good);
       EXPECT_EQ(r.tokens, (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
       EXPECT_EQ(r.reason, FinishReason::length);
     }
   }
+}
+
+// A contiguous cache's max_len bounds a sequence as the model's context does: a longer prompt is
+// refused when submitted, naming the cache; generation stops at it with "length".
+TEST(Engine, AContiguousCachesMaxLenBoundsASequenceLikeTheContext) {
+  auto p = test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "contiguous"}, {"max_len", 16}}}});
+  EXPECT_EQ(p->max_sequence_tokens(), 16);
+  EXPECT_EQ(p->sequence_limit_text(), "the contiguous cache's 16 tokens per sequence");
+  Engine engine(*p);
+  GenerationRequest big;
+  big.prompt.assign(16, 300);
+  try {
+    engine.submit(big);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the prompt has 16 tokens; the contiguous cache's 16 tokens per sequence"),
+              std::string::npos)
+        << e.what();
+  }
+  GenerationRequest small;
+  small.prompt = {1, 403, 407, 261, 378};
+  small.max_tokens = 50;
+  engine.submit(small);
+  engine.run_until_idle();
+  const auto r = engine.take_finished();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].reason, FinishReason::length) << r[0].error;
+  EXPECT_EQ(r[0].tokens.size(), 11u);  // 5 + 11 = 16
+  EXPECT_EQ(std::vector<int32_t>(r[0].tokens.begin(), r[0].tokens.begin() + 8),
+            (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
+  EXPECT_EQ(p->cache().stats().blocks_used, 0);
+  auto whole = test::cpu_pipeline(test::kStoriesF32);
+  EXPECT_EQ(whole->max_sequence_tokens(), 512);
+  EXPECT_EQ(whole->sequence_limit_text(), "the model's context of 512 tokens");
 }
 
 }  // namespace

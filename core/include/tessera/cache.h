@@ -67,6 +67,7 @@ struct CacheStats {
   size_t bytes_used = 0;
   int64_t tokens_stored = 0;   // tokens whose KV the pool holds
   int64_t slots_allocated = 0;  // token slots in allocated blocks
+  int64_t max_seq_tokens = 0;   // most tokens one sequence can hold (0: no bound but the pool's)
   PrefixStats prefix;
   std::map<std::string, PrefixStats> users;
   double fragmentation() const {  // share of allocated slots that hold no token

@@ -28,6 +28,12 @@ class Pipeline {
   ~Pipeline();
 
   const PipelineSpec& spec() const { return spec_; }
+  // The most tokens (prompt and generated) one sequence may hold: the model's context, or less
+  // where the cache holds fewer per sequence (a contiguous cache's max_len).
+  int64_t max_sequence_tokens() const;
+  // What sets that bound, for messages: "the model's context of N tokens" or "the contiguous
+  // cache's N tokens per sequence".
+  std::string sequence_limit_text() const;
   const std::string& model_path() const { return model_path_; }
   Backend& backend() { return *backend_; }
   Model& model() { return *model_; }
