@@ -168,6 +168,9 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     const std::string& where = spec.components.at(ComponentKind::cache).where;
     throw Error(where.empty() ? e.what() : where + ": " + e.what());
   }
+  // Fixed once the pool is allocated; the engine asks on every step.
+  const int64_t cache_bound = p->cache_->stats().max_seq_tokens;
+  p->max_sequence_tokens_ = cache_bound > 0 ? std::min(mc.context_length, cache_bound) : mc.context_length;
   if (Speculator* speculator = p->decoder_->speculator()) {
     const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
     try {
@@ -180,14 +183,8 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   return p;
 }
 
-int64_t Pipeline::max_sequence_tokens() const {
-  const int64_t context = model_->config().context_length;
-  const int64_t cache = cache_->stats().max_seq_tokens;
-  return cache > 0 ? std::min(context, cache) : context;
-}
-
 std::string Pipeline::sequence_limit_text() const {
-  const int64_t limit = max_sequence_tokens();
+  const int64_t limit = max_sequence_tokens_;
   if (limit < model_->config().context_length) {
     return "the " + spec_.components.at(ComponentKind::cache).plugin + " cache's " + std::to_string(limit) +
            " tokens per sequence";

@@ -30,7 +30,7 @@ class Pipeline {
   const PipelineSpec& spec() const { return spec_; }
   // The most tokens (prompt and generated) one sequence may hold: the model's context, or less
   // where the cache holds fewer per sequence (a contiguous cache's max_len).
-  int64_t max_sequence_tokens() const;
+  int64_t max_sequence_tokens() const { return max_sequence_tokens_; }
   // What sets that bound, for messages: "the model's context of N tokens" or "the contiguous
   // cache's N tokens per sequence".
   std::string sequence_limit_text() const;
@@ -50,6 +50,7 @@ class Pipeline {
   Pipeline() = default;
   PipelineSpec spec_;
   std::string model_path_;
+  int64_t max_sequence_tokens_ = 0;
   // Declaration order is destruction order reversed: components that hold backend memory or
   // objects made by a plugin go before the backend and that plugin.
   std::shared_ptr<Backend> backend_;
