@@ -27,6 +27,24 @@ DeviceBuffer upload(const std::vector<T>& v) {
   return b;
 }
 
+// Attention of one sequence's queries (desc) over its block table, scale 0.3.
+AttentionArgs one_sequence(const float* q, float* out, int64_t heads, int64_t window, const DeviceBuffer& desc_buffer,
+                           const DeviceBuffer& table, const AttentionSeqDesc& desc) {
+  AttentionArgs a;
+  a.q = q;
+  a.out = out;
+  a.n_tokens = desc.q_len;
+  a.n_heads = heads;
+  a.scale = 0.3f;
+  a.window = window;
+  a.seqs = desc_buffer.as<AttentionSeqDesc>();
+  a.n_seqs = 1;
+  a.block_tables = table.as<int32_t>();
+  a.max_q_len = desc.q_len;
+  a.max_context_len = desc.context_len;
+  return a;
+}
+
 struct Shape {
   int64_t n_kv_heads, head_dim, window;
 };
@@ -56,18 +74,7 @@ TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
       const AttentionSeqDesc desc{0, int32_t(q_len), int32_t(kContext - kQueries + q0 + q_len), 0};
       DeviceBuffer db = upload(std::vector<AttentionSeqDesc>{desc});
       DeviceBuffer ob(b, size_t(q_len * q_row) * 4);
-      AttentionArgs a;
-      a.q = qb.as<float>() + q0 * q_row;
-      a.out = ob.as<float>();
-      a.n_tokens = q_len;
-      a.n_heads = kHeads;
-      a.scale = 0.3f;
-      a.window = sh.window;
-      a.seqs = db.as<AttentionSeqDesc>();
-      a.n_seqs = 1;
-      a.block_tables = tb.as<int32_t>();
-      a.max_q_len = int32_t(q_len);
-      a.max_context_len = desc.context_len;
+      const AttentionArgs a = one_sequence(qb.as<float>() + q0 * q_row, ob.as<float>(), kHeads, sh.window, db, tb, desc);
       b.attention(a, kv);
       std::vector<float> out(size_t(q_len * q_row));
       b.copy_to_host(out.data(), ob.get(), out.size() * 4);
@@ -153,18 +160,7 @@ TEST(CpuAttention, AHalfCacheGivesTheBitsOfAnF32CacheOfItsRoundedValues) {
         DeviceBuffer ob(b, size_t(q_len * q_row) * 4);
         if (sparse) sparse_for(q0, q_len);
         DeviceBuffer base_b = upload(base), off_b = upload(offsets), kept_b = upload(kept.empty() ? std::vector<int32_t>{0} : kept);
-        AttentionArgs a;
-        a.q = qb.as<float>() + q0 * q_row;
-        a.out = ob.as<float>();
-        a.n_tokens = q_len;
-        a.n_heads = kHeads;
-        a.scale = 0.3f;
-        a.window = sh.window;
-        a.seqs = db.as<AttentionSeqDesc>();
-        a.n_seqs = 1;
-        a.block_tables = tb.as<int32_t>();
-        a.max_q_len = int32_t(q_len);
-        a.max_context_len = desc.context_len;
+        AttentionArgs a = one_sequence(qb.as<float>() + q0 * q_row, ob.as<float>(), kHeads, sh.window, db, tb, desc);
         if (sparse) a.sparse = {kSparseBlock, base_b.as<int32_t>(), off_b.as<int32_t>(), kept_b.as<int32_t>()};
         b.attention(a, kv);
         std::vector<float> out(size_t(q_len * q_row));
