@@ -4,15 +4,20 @@
 // small next to the attention it prunes.
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "tessera/error.h"
 
 namespace tessera::cpu {
 
 void attention_block_scores(const AttentionArgs& a, const KvLayerView& kv, float* scores) {
   const BlockSparseLayout& sp = a.sparse;
   if (sp.block <= 0) return;
+  if (!kv_type_supported(kv.dtype)) {
+    throw Error("cpu attention_block_scores supports an f32, f16 or bf16 cache, not " + std::string(dtype_name(kv.dtype)));
+  }
   const int64_t hd = kv.head_dim;
   const int64_t group = a.n_heads / kv.n_kv_heads;
   const int64_t q_stride = a.n_heads * hd;

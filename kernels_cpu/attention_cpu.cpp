@@ -137,7 +137,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 }  // namespace
 
 void attention(const AttentionArgs& a, const KvLayerView& kv) {
-  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::BF16) {
+  if (!kv_type_supported(kv.dtype)) {
     throw Error("cpu attention supports an f32, f16 or bf16 cache, not " + std::string(dtype_name(kv.dtype)));
   }
   if (a.n_heads % kv.n_kv_heads != 0 || a.n_heads / kv.n_kv_heads > kMaxGroup || kv.head_dim > kMaxHeadDim) {

@@ -63,7 +63,7 @@ class CpuBackend final : public Backend {
       case Op::embedding: return gemm_supports(dtype) && dtype != DType::I8 && dtype != DType::I4;
       case Op::kv_write:
       case Op::attention:
-      case Op::sparse_attention: return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+      case Op::sparse_attention: return cpu::kv_type_supported(dtype);
       default: return dtype == DType::F32;
     }
   }

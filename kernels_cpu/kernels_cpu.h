@@ -96,6 +96,8 @@ void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out);
 
 // Row of any supported weight type to float (vectorised for f16 and bf16).
 void unpack_row(DType dtype, const void* src, float* dst, int64_t n);
+// The KV cache types the CPU kernels read and write.
+inline bool kv_type_supported(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 // Float row to F32, F16 or BF16, rounding to nearest even (the KV cache's stores).
 void pack_row(DType dtype, const float* src, void* dst, int64_t n);
 

@@ -6,7 +6,7 @@
 namespace tessera::cpu {
 
 void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows) {
-  if (kv.dtype != DType::F32 && kv.dtype != DType::F16 && kv.dtype != DType::BF16) {
+  if (!kv_type_supported(kv.dtype)) {
     throw Error("cpu kv_write supports an f32, f16 or bf16 cache, not " + std::string(dtype_name(kv.dtype)));
   }
   const int64_t stride = kv.token_stride();
