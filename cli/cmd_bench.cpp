@@ -88,7 +88,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--out", o.out_dir, "folder for report.json, report.md and report.html")->required();
   cmd->add_option("-m,--model", o.model, "GGUF model for every pipeline (overrides theirs)");
   cmd->add_option("--backend", o.backend, "cpu, cuda, hip or auto (overrides the pipelines)");
-  cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache type for every pipeline: f32, f16 or bf16 (overrides theirs)");
+  cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache type for every pipeline: f32, f16 or bf16 (overrides theirs)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")->check(kNonNegative);
   cmd->add_flag("--no-accuracy", args->no_accuracy, "skip the perplexity and greedy-agreement pass");
   cmd->add_option("--accuracy-text", o.accuracy_text, "text for perplexity (default: the workload's prompt file)");

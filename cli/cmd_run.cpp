@@ -15,7 +15,8 @@ void add_pipeline_options(CLI::App& cmd, PipelineArgs& args) {
   cmd.add_option("-p,--pipeline", args.pipeline, "pipeline YAML (default: pipelines/default.yaml)");
   cmd.add_option("-m,--model", args.model, "GGUF model file (overrides the pipeline's model)");
   cmd.add_option("--backend", args.backend, "cpu, cuda, hip or auto (overrides the pipeline)");
-  cmd.add_option("--kv-dtype", args.kv_dtype, "KV cache type: f32, f16 or bf16 (overrides the pipeline's kv_dtype)");
+  cmd.add_option("--kv-dtype", args.kv_dtype, "KV cache type: f32, f16 or bf16 (overrides the pipeline's kv_dtype)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd.add_option("--threads", args.threads, "CPU threads (default: all cores)")->check(kNonNegative);
 }
 

@@ -225,12 +225,32 @@ TESSERA_AVX2 inline void weighted_cols(const float* p, const void* const* rows, 
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
 }
 
-// Keys in the inner loop: a head's value rows are strided by a token's whole row in the cache, and
-// walking each once (instead of once per slice of the head) halves the time of a long-context
-// decode over an f16 cache.
+// For heads of 8 or 16: four partial sums over the keys (j mod 4) hide the FMA latency that the
+// one or two lane chains of weighted_cols would expose.
+template <class Row>
+TESSERA_AVX2 void weighted_sum_key_chains(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
+  for (int64_t d = 0; d < hd; d += 8) {
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), Row::load8(rows[j], d), a0);
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 1]), Row::load8(rows[j + 1], d), a1);
+      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 2]), Row::load8(rows[j + 2], d), a2);
+      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[j + 3]), Row::load8(rows[j + 3], d), a3);
+    }
+    for (; j < n; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), Row::load8(rows[j], d), a0);
+    _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+// From 24 wide, keys in the inner loop: a head's value rows are strided by a token's whole row in
+// the cache, and walking each once (instead of once per slice of the head) halves the time of a
+// long-context decode over an f16 cache. Every path (decode, prefill, verification) sums through
+// this one function, so a query's output does not depend on which ran it.
 template <class Row>
 TESSERA_AVX2 void weighted_sum_avx2(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
   if (hd % 8 != 0) return weighted_sum_generic<Row>(p, rows, n, hd, acc);
+  if (hd <= 16) return weighted_sum_key_chains<Row>(p, rows, n, hd, acc);
   int64_t d = 0;
   for (; d + 64 <= hd; d += 64) weighted_cols<Row, 8>(p, rows, n, d, acc);
   switch ((hd - d) / 8) {

@@ -111,7 +111,7 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
   }
   // Greedy agreement on the first trace prompts, cut so that prompt and output fit the context.
   std::vector<std::vector<int32_t>> prompts;
-  const int64_t context = base->model().config().context_length;
+  const int64_t context = base->max_sequence_tokens();  // every run holds at least the trace's context
   const int64_t tokens = std::min<int64_t>(o.accuracy_tokens, context / 2);
   for (const auto& r : trace.requests) {
     if (int64_t(prompts.size()) >= o.accuracy_prompts) break;
@@ -222,10 +222,11 @@ void run_servers(std::vector<PipelineRun>& runs, Trace& trace, bool& have_trace,
   }
   if (!have_trace) {
     const ModelConfig& mc = tp->model().config();
-    for (const auto& msg : check_context(workload, mc.context_length, "model '" + mc.name + "' (" + tp->model_path() + ")")) {
+    for (const auto& msg :
+         check_context(workload, tp->max_sequence_tokens(), "model '" + mc.name + "' (" + tp->model_path() + ")")) {
       log << "warning: clamping: " << msg << "\n";
     }
-    trace = make_trace(workload, tp->tokenizer(), mc.context_length);
+    trace = make_trace(workload, tp->tokenizer(), tp->max_sequence_tokens());
     trace_vocab = tp->tokenizer().vocab_size();
     have_trace = true;
   }
@@ -304,9 +305,9 @@ BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ost
       p = build(r.file, o, registry);
       r.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       describe(r, *p);
-      if (have_trace && r.model.context_length < trace.context) {
-        throw Error("its model's context (" + std::to_string(r.model.context_length) +
-                    ") is shorter than the trace's (" + std::to_string(trace.context) + "): not comparable");
+      if (have_trace && p->max_sequence_tokens() < trace.context) {
+        throw Error("it holds " + p->sequence_limit_text() + ", fewer than the trace's context of " +
+                    std::to_string(trace.context) + " tokens: not comparable");
       }
       if (have_trace && p->tokenizer().vocab_size() != trace_vocab) {
         throw Error("its vocabulary (" + std::to_string(p->tokenizer().vocab_size()) +
@@ -321,10 +322,10 @@ BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ost
       // The trace is drawn once, with the first pipeline's tokenizer and context. A workload that
       // cannot fit the model is an error of the whole bench (it throws), not of this pipeline.
       for (const auto& msg :
-           check_context(workload, r.model.context_length, "model '" + r.model.name + "' (" + r.model_path + ")")) {
+           check_context(workload, p->max_sequence_tokens(), "model '" + r.model.name + "' (" + r.model_path + ")")) {
         log << "warning: clamping: " << msg << "\n";
       }
-      trace = make_trace(workload, p->tokenizer(), r.model.context_length);
+      trace = make_trace(workload, p->tokenizer(), p->max_sequence_tokens());
       trace_vocab = p->tokenizer().vocab_size();
       have_trace = true;
     }

@@ -16,9 +16,8 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   Cache& cache = pipeline.cache();
   const int64_t vocab = model.config().vocab;
   if (ctx < 4) throw Error("perplexity: --ctx must be at least 4, got " + std::to_string(ctx));
-  if (ctx > model.config().context_length) {
-    throw Error("perplexity: --ctx " + std::to_string(ctx) + " exceeds the model's context of " +
-                std::to_string(model.config().context_length));
+  if (ctx > pipeline.max_sequence_tokens()) {
+    throw Error("perplexity: --ctx " + std::to_string(ctx) + " exceeds " + pipeline.sequence_limit_text());
   }
   const int64_t chunks = static_cast<int64_t>(tokens.size()) / ctx;
   if (chunks == 0) {
@@ -98,6 +97,16 @@ std::vector<int32_t> greedy(Pipeline& p, const std::vector<int32_t>& prompt, int
 
 GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
+  // Both must generate all n tokens: one cut short by its sequence bound would count as disagreeing.
+  for (Pipeline* p : {&pipeline, &baseline}) {
+    for (const auto& prompt : prompts) {
+      if (int64_t(prompt.size()) + n > p->max_sequence_tokens()) {
+        throw Error("greedy agreement: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
+                    std::to_string(n) + " generated tokens exceed " + p->sequence_limit_text() + " (" +
+                    p->describe() + "); ask for fewer tokens");
+      }
+    }
+  }
   GreedyAgreement g;
   g.tokens_per_prompt = n;
   int64_t same = 0, total = 0;

@@ -64,7 +64,8 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
                                       const Registry& registry) {
   const std::string where = spec.backend_where.empty() ? "backend" : spec.backend_where + ": backend";
   if (name != "auto") return create_at<Backend>(registry, name, spec.backend_params, "backend " + name, where);
-  // auto: the first accelerator that has a device and runs the whole float model, else the CPU.
+  // auto: the first accelerator that has a device and runs the whole float model with the
+  // pipeline's KV cache type, else the CPU.
   static constexpr Op kCoreOps[] = {Op::embedding, Op::gemm,   Op::rms_norm,  Op::rope,     Op::silu_mul,
                                     Op::add,       Op::kv_write, Op::attention, Op::argmax};
   for (const char* candidate : {"cuda", "hip"}) {
@@ -72,7 +73,9 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
     try {
       auto backend = registry.create<Backend>(candidate, nlohmann::json::object(), where);
       const bool complete = std::all_of(std::begin(kCoreOps), std::end(kCoreOps),
-                                        [&](Op op) { return backend->supports(op, DType::F32); });
+                                        [&](Op op) { return backend->supports(op, DType::F32); }) &&
+                            backend->supports(Op::kv_write, spec.kv_dtype) &&
+                            backend->supports(Op::attention, spec.kv_dtype);
       if (!backend->devices().empty() && complete) return backend;
     } catch (const Error&) {
       // No device or driver: fall through to the next candidate.

@@ -198,7 +198,9 @@ class DraftModelProposer final : public ModelProposer {
     attention_ = host.registry.create<Attention>(a.plugin, a.params, where + " attention " + a.plugin);
     attention_->configure(AttentionShape{c.n_heads, c.n_kv_heads, c.head_dim, c.sliding_window});
     cache_ = host.registry.create<Cache>("paged", nlohmann::json{{"memory", memory_}}, where + " cache paged");
-    cache_->configure(host.backend, CacheGeometry{c.n_layers, c.n_kv_heads, c.head_dim, c.context_length, DType::F32});
+    // The draft's cache in the pipeline's KV type, as the target's (the backend checked it).
+    cache_->configure(host.backend,
+                      CacheGeometry{c.n_layers, c.n_kv_heads, c.head_dim, c.context_length, host.spec.kv_dtype});
   }
 
   void rollback(SeqId seq, int64_t tokens) override {

@@ -38,6 +38,32 @@ TEST(Perplexity, F16KvCacheWithinATenthOfAPercentOfF32) {
   EXPECT_GE(teacher_forced_agreement(f16, f32), 0.99);
 }
 
+// A contiguous cache's max_len bounds a sequence: chunks and greedy runs longer than it are refused
+// naming it (a greedy run cut short would count as disagreement).
+TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {
+  auto bounded = test::cpu_pipeline(test::kStoriesF32, {{"cache", {{"plugin", "contiguous"}, {"max_len", 64}}}});
+  auto base = test::cpu_pipeline(test::kStoriesF32);
+  const auto tokens = bounded->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
+  try {
+    perplexity(*bounded, tokens, 128);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--ctx 128 exceeds the contiguous cache's 64 tokens per sequence"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_GT(perplexity(*bounded, tokens, 64).perplexity, 1.0);
+  const std::vector<std::vector<int32_t>> prompts = {bounded->tokenizer().encode("Once upon a time", true)};
+  try {
+    greedy_agreement(*base, *bounded, prompts, 96);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed the contiguous cache's 64 tokens per sequence"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(greedy_agreement(*base, *bounded, prompts, 40).share, 1.0);
+}
+
 TEST(Perplexity, RefusesTextShorterThanOneChunk) {
   auto p = test::cpu_pipeline(test::kStoriesF32);
   const auto tokens = p->tokenizer().encode("Once upon a time", true);
