@@ -276,7 +276,7 @@ const VecOps& vec_ops() {
   static const VecOps generic{generic_rows<F32Row>, generic_rows<F16Row>, generic_rows<BF16Row>, dot_cols_generic,
                               exp_shift_generic};
   static const VecOps avx2{avx2_rows<F32Row>, avx2_rows<F16Row>, avx2_rows<BF16Row>, dot_cols_avx2, exp_shift_avx2};
-  return has_f16c() ? avx2 : generic;  // has_f16c: F16C and AVX2 (with FMA on every such CPU)
+  return has_f16c() ? avx2 : generic;  // has_f16c: F16C, AVX2 and FMA
 }
 
 }  // namespace tessera::cpu
