@@ -1,6 +1,7 @@
 // Causal attention over paged KV for a ragged batch, flash-style: keys are visited in blocks with an
 // online softmax, so no score matrix is materialised. Each key/value row is read once per query for
-// its whole GQA group. Scores, exponentials and the value sum are vectorised per block.
+// its whole GQA group (MHA decode: for a band of heads at once, see run_band). Scores, exponentials
+// and the value sum are vectorised per block.
 #include <omp.h>
 
 #include <algorithm>
@@ -21,20 +22,39 @@ struct Task {
   int64_t kv_head;
   int64_t q_begin;
   int64_t q_end;
+  int64_t kv_head_end;  // past kv_head + 1: a band of heads walked together (run_band)
 };
 
 constexpr int64_t kMaxGroup = 64;
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kKeyBlock = 64;
 
+// Addresses of keys [first_key, first_key + n) of one kv head, K and V, from the sequence's block
+// table. Walks the table instead of dividing per key (a division costs more than the dot product of
+// a small head).
+void gather_rows(const KvLayerView& kv, const int32_t* table, const uint8_t* kbase, const uint8_t* vbase,
+                 int64_t first_key, int64_t n, std::vector<const void*>& krows, std::vector<const void*>& vrows) {
+  const size_t row_bytes = dtype_row_bytes(kv.dtype, kv.token_stride());
+  krows.resize(size_t(n));
+  vrows.resize(size_t(n));
+  int64_t kb = first_key / kv.block_size, off = first_key % kv.block_size;
+  for (size_t j = 0; j < size_t(n); ++j) {
+    const size_t slot = size_t(table[kb]) * size_t(kv.block_size) + size_t(off);
+    krows[j] = kbase + slot * row_bytes;
+    vrows[j] = vbase + slot * row_bytes;
+    if (++off == kv.block_size) {
+      off = 0;
+      ++kb;
+    }
+  }
+}
+
 void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
   const int64_t hd = kv.head_dim;
   const int64_t group = a.n_heads / kv.n_kv_heads;
   const int64_t q_stride = a.n_heads * hd;
-  const int64_t kv_stride = kv.token_stride();
   const int32_t* table = a.block_tables + s.block_table_offset;
-  const size_t row_bytes = dtype_row_bytes(kv.dtype, kv_stride);
   const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
   const auto* kbase = static_cast<const uint8_t*>(kv.k) + t.kv_head * head_bytes;
   const auto* vbase = static_cast<const uint8_t*>(kv.v) + t.kv_head * head_bytes;
@@ -54,22 +74,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   const int64_t last_key = first_pos + t.q_end - 1;
   thread_local std::vector<const void*> krows_all, vrows_all;
   const int64_t n_keys = last_key - first_key + 1;
-  krows_all.resize(size_t(n_keys));
-  vrows_all.resize(krows_all.size());
-  {
-    // Walk the block table instead of dividing per key (a division costs more than the dot
-    // product of a small head).
-    int64_t kb = first_key / kv.block_size, off = first_key % kv.block_size;
-    for (size_t j = 0; j < krows_all.size(); ++j) {
-      const size_t slot = size_t(table[kb]) * size_t(kv.block_size) + size_t(off);
-      krows_all[j] = kbase + slot * row_bytes;
-      vrows_all[j] = vbase + slot * row_bytes;
-      if (++off == kv.block_size) {
-        off = 0;
-        ++kb;
-      }
-    }
-  }
+  gather_rows(kv, table, kbase, vbase, first_key, n_keys, krows_all, vrows_all);
   // With two or more queries (a GQA group, a prefill chunk, a verification) the keys are
   // transposed in chunks of 8 once for all of them (see VecOps): their scores then take no
   // horizontal sums. A lone query (MHA decode) reads the rows. Both give the same bits.
@@ -134,6 +139,69 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   }
 }
 
+// One query per kv head (MHA decode) for a band of heads, walked together eight keys at a time: a
+// head's rows are strided by the token's whole row in the cache, and reading the band's part of
+// each row at once lets the hardware prefetcher stream it (one head after another, each key's 256
+// bytes come from another 3 KiB row and the prefetcher cannot follow). Each head's arithmetic is
+// run_task's, in the same order (key blocks, block max, correction, exponentials, value sum in key
+// order; cut into eights only where that changes no bits), so its output has the same bits.
+void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
+  const AttentionSeqDesc& s = a.seqs[t.seq];
+  const int64_t hd = kv.head_dim;
+  const int64_t heads = t.kv_head_end - t.kv_head;
+  const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
+  const RowOps& rows = ops.rows(kv.dtype);
+  const int64_t pos = s.context_len - s.q_len + t.q_begin;
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  thread_local std::vector<const void*> krows, vrows;
+  gather_rows(kv, a.block_tables + s.block_table_offset,
+              static_cast<const uint8_t*>(kv.k) + t.kv_head * head_bytes,
+              static_cast<const uint8_t*>(kv.v) + t.kv_head * head_bytes, lo, pos - lo + 1, krows, vrows);
+  const float* q = a.q + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * hd;
+  float m[kMaxGroup], l[kMaxGroup], block_max[kMaxGroup];
+  alignas(32) float acc[kMaxGroup * kMaxHeadDim];
+  alignas(32) float scores[kMaxGroup][kKeyBlock];
+  std::fill(m, m + heads, -INFINITY);
+  std::fill(l, l + heads, 0.0f);
+  std::fill(acc, acc + heads * hd, 0.0f);
+  // The band's rows of eight keys, head h at byte offset h * head_bytes.
+  auto for_eights = [&](int64_t b, int n, const std::vector<const void*>& from, auto&& body) {
+    for (int c = 0; c < n; c += 8) {
+      const int nc = std::min(8, n - c);
+      for (int64_t h = 0; h < heads; ++h) {
+        const void* r[8];
+        for (int u = 0; u < nc; ++u) r[u] = static_cast<const uint8_t*>(from[size_t(b - lo + c + u)]) + h * head_bytes;
+        body(h, c, nc, r);
+      }
+    }
+  };
+  for (int64_t b = lo; b <= pos; b += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - b));
+    std::fill(block_max, block_max + heads, -INFINITY);
+    for_eights(b, n, krows, [&](int64_t h, int c, int nc, const void* const* r) {
+      block_max[h] = std::max(block_max[h], rows.dot_rows(q + h * hd, r, nc, hd, a.scale, scores[h] + c));
+    });
+    for (int64_t h = 0; h < heads; ++h) {
+      const float new_m = std::max(m[h], block_max[h]);
+      const float correction = std::exp(m[h] - new_m);
+      float* ah = acc + h * hd;
+      if (correction != 1.0f) {
+        for (int64_t d = 0; d < hd; ++d) ah[d] *= correction;
+      }
+      l[h] = l[h] * correction + ops.exp_shift(scores[h], n, new_m);
+      m[h] = new_m;
+    }
+    for_eights(b, n, vrows, [&](int64_t h, int c, int nc, const void* const* r) {
+      rows.weighted_sum(scores[h] + c, r, nc, hd, acc + h * hd);
+    });
+  }
+  float* out = a.out + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * hd;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inv = 1.0f / l[h];
+    for (int64_t d = 0; d < hd; ++d) out[h * hd + d] = acc[h * hd + d] * inv;
+  }
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a, const KvLayerView& kv) {
@@ -160,23 +228,42 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).
   const int threads =
       work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? omp_get_max_threads() : 1;
+  // MHA decode of a dense sequence goes in bands of heads (run_band), one band per thread when the
+  // sequences alone cannot occupy the team. Heads of 16 or fewer keep run_task: their rows are short,
+  // and their value sum's four key chains would round differently cut into eights.
+  const bool bands = a.n_heads == kv.n_kv_heads && kv.head_dim > 16;
+  const int64_t per_band =
+      (kv.n_kv_heads + std::max<int64_t>(1, threads / a.n_seqs) - 1) / std::max<int64_t>(1, threads / a.n_seqs);
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
+    if (bands && s.q_len == 1 && !(a.sparse.block > 0 && a.sparse.seq_base[si] >= 0)) {
+      for (int64_t h = 0; h < kv.n_kv_heads; h += std::min(per_band, kMaxGroup)) {
+        tasks.push_back({si, h, 0, 1, std::min(kv.n_kv_heads, h + std::min(per_band, kMaxGroup))});
+      }
+      continue;
+    }
     const int64_t chunk = std::max<int64_t>(1, (s.q_len + threads - 1) / threads);
     for (int64_t h = 0; h < kv.n_kv_heads; ++h) {
       for (int64_t q0 = 0; q0 < s.q_len; q0 += chunk) {
-        tasks.push_back({si, h, q0, std::min<int64_t>(s.q_len, q0 + chunk)});
+        tasks.push_back({si, h, q0, std::min<int64_t>(s.q_len, q0 + chunk), h + 1});
       }
     }
   }
   const auto n = static_cast<int64_t>(tasks.size());
   const std::vector<Task>& list = tasks;
+  auto run = [&](const Task& t) {
+    if (t.kv_head_end > t.kv_head + 1) {
+      run_band(a, kv, t, ops);
+    } else {
+      run_task(a, kv, t, ops);
+    }
+  };
   if (threads == 1) {  // not an `if` clause: see for_rows
-    for (const Task& t : list) run_task(a, kv, t, ops);
+    for (const Task& t : list) run(t);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) run_task(a, kv, list[size_t(i)], ops);
+  for (int64_t i = 0; i < n; ++i) run(list[size_t(i)]);
 }
 
 }  // namespace tessera::cpu

@@ -132,11 +132,38 @@ TESSERA_AVX2 float max256(__m256 v) {
   return std::max(_mm_cvtss_f32(m), _mm_cvtss_f32(_mm_shuffle_ps(m, m, 1)));
 }
 
-// Four keys side by side, each a vector of 8 lane chains over the head, then hsum256.
+// Eight keys' lane vectors summed across lanes at once, in hsum256's order for each: lanes l and
+// l+4, then the pairs (0,2) and (1,3), then the two halves. Per key ~2.5 shuffles and adds instead
+// of hsum256's 6 and a scalar store.
+TESSERA_AVX2 inline __m256 hsum8x256(const __m256* a) {
+  __m256 s[4];
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u) {  // low half: key u, high half: key u + 4
+    s[u] = _mm256_add_ps(_mm256_permute2f128_ps(a[u], a[u + 4], 0x20), _mm256_permute2f128_ps(a[u], a[u + 4], 0x31));
+  }
+  const __m256 k01 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xEE));
+  const __m256 k23 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xEE));
+  return _mm256_hadd_ps(k01, k23);  // keys 0..7 in order
+}
+
+// Keys side by side (eight, then four), each a vector of 8 lane chains over the head, summed across
+// lanes in hsum256's order.
 template <class Row>
 TESSERA_AVX2 float dot_rows_avx2(const float* q, const void* const* rows, int n, int64_t hd, float scale, float* out) {
   if (hd % 8 != 0) return dot_rows_generic<Row>(q, rows, n, hd, scale, out);
   int j = 0;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (; j + 8 <= n; j += 8) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qv, Row::load8(rows[j + u], d), a[u]);
+    }
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(hsum8x256(a), vscale));
+  }
   for (; j + 4 <= n; j += 4) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8) {

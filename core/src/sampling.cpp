@@ -5,6 +5,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 namespace tessera {
 
 std::vector<ParamSpec> sampling_param_specs() {
@@ -73,7 +77,39 @@ void apply_penalties(const SamplingParams& p, std::span<const int32_t> history, 
 }
 
 int32_t argmax(const float* logits, int64_t vocab) {
+#ifdef __SSE2__
+  // std::max_element's answer (the first maximum; NaNs lose to everything after a non-NaN first
+  // element) in two vector passes: greedy decoding runs this on every step, and the scalar scan of a
+  // 32000-token vocabulary took ~20 us, a half per cent of a small model's step.
+  if (vocab <= 0 || std::isnan(logits[0])) return 0;
+  const int64_t v4 = vocab / 4 * 4;
+  // maxps returns its second operand when the first is NaN, so NaNs never reach the running maximum.
+  __m128 a = _mm_set1_ps(logits[0]), b = a;
+  int64_t i = 0;
+  for (; i + 8 <= v4; i += 8) {
+    a = _mm_max_ps(_mm_loadu_ps(logits + i), a);
+    b = _mm_max_ps(_mm_loadu_ps(logits + i + 4), b);
+  }
+  if (i < v4) a = _mm_max_ps(_mm_loadu_ps(logits + i), a);
+  alignas(16) float lanes[8];
+  _mm_store_ps(lanes, a);
+  _mm_store_ps(lanes + 4, b);
+  float best = lanes[0];
+  for (const float l : lanes) best = l > best ? l : best;
+  for (int64_t t = v4; t < vocab; ++t) best = logits[t] > best ? logits[t] : best;
+  const __m128 target = _mm_set1_ps(best);
+  for (i = 0; i < v4; i += 4) {
+    if (const int mask = _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(logits + i), target)); mask != 0) {
+      return static_cast<int32_t>(i + __builtin_ctz(unsigned(mask)));
+    }
+  }
+  for (; i < vocab; ++i) {
+    if (logits[i] == best) return static_cast<int32_t>(i);
+  }
+  return 0;
+#else
   return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+#endif
 }
 
 void sampling_distribution(const SamplingParams& p, const float* logits, int64_t vocab,

@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 
 #include "test_util.h"
 #include "tessera/engine.h"
+#include "tessera/sampling.h"
 
 namespace tessera {
 namespace {
@@ -51,6 +53,27 @@ GenerationResult generate(Pipeline& p, GenerationRequest req) {
   auto r = engine.take_finished();
   EXPECT_EQ(r.size(), 1u);
   return r.empty() ? GenerationResult{} : r[0];
+}
+
+// Greedy decoding's pick is std::max_element's: the first maximum, NaNs after the first element never
+// chosen, -0 and +0 tied, at every length around the vector width.
+TEST(EngineSampling, ArgmaxIsTheFirstMaximumLikeMaxElement) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> small(-3, 3);  // many ties
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 31, 33, 100, 32000, 32003}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = float(small(rng));
+      if (trial % 4 == 1) v[size_t(rng() % n)] = NAN;
+      if (trial % 4 == 2) std::fill(v.begin(), v.end(), -INFINITY);
+      if (trial % 4 == 3) {
+        for (float& x : v) x = (rng() & 1) ? 0.0f : -0.0f;
+      }
+      if (trial == 5) v[0] = NAN;
+      const auto expected = int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+      EXPECT_EQ(argmax(v.data(), n), expected) << "n " << n << " trial " << trial;
+    }
+  }
 }
 
 TEST(EngineSampling, StopStringSpanningTwoTokensCutsTheTextAndStreamsTheRest) {
