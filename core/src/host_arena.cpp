@@ -6,6 +6,11 @@
 #include <cstdlib>
 #include <iterator>
 
+// Linux 6.1's value, for C libraries whose headers predate it.
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+
 namespace tessera {
 
 namespace {
@@ -27,6 +32,16 @@ void* map_huge_pages(size_t bytes) {
   // Advice, not a requirement: with huge pages disabled the mapping still works on small pages.
   madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
   return reinterpret_cast<void*>(aligned);
+}
+
+bool back_with_huge_pages(const void* p, size_t bytes) noexcept {
+  const uintptr_t begin = round_up(reinterpret_cast<uintptr_t>(p), kHugePageBytes);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / kHugePageBytes * kHugePageBytes;
+  if (end <= begin) return false;
+  void* at = reinterpret_cast<void*>(begin);
+  // Advice only: where the kernel refuses either call the range keeps working on small pages.
+  madvise(at, end - begin, MADV_HUGEPAGE);
+  return madvise(at, end - begin, MADV_COLLAPSE) == 0;
 }
 
 void unmap_huge_pages(void* p, size_t bytes) noexcept {

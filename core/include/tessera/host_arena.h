@@ -21,6 +21,12 @@ inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 void* map_huge_pages(size_t bytes);
 void unmap_huge_pages(void* p, size_t bytes) noexcept;
 
+// Moves the 2 MiB-aligned part of [p, p + bytes), contents kept, onto huge pages now (madvise
+// MADV_COLLAPSE, Linux 6.1 and later): for large buffers that came from malloc on small pages but
+// will be streamed, like a model's output matrix. False where there was no such part or the kernel
+// refused (too old, no free huge pages); the memory then works as before.
+bool back_with_huge_pages(const void* p, size_t bytes) noexcept;
+
 // A thread-safe allocator of 64-byte aligned blocks. Blocks from `min_bytes` to half a slab (a
 // model's matrices, activations) are carved first-fit from huge-page slabs of `slab_bytes`,
 // faulted in when mapped. Smaller blocks, and larger ones, come from malloc on small pages: a
