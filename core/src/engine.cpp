@@ -132,7 +132,7 @@ bool Engine::step() {
   std::vector<SequenceInfo> waiting_info, running_info;
   for (auto& s : waiting_) waiting_info.push_back(s->info());
   for (auto& s : running_) running_info.push_back(s->info());
-  SchedulerView view{waiting_info, running_info, pipeline_.max_sequence_tokens(), now()};
+  SchedulerView view{waiting_info, running_info, pipeline_.max_sequence_tokens(), now(), arrivals_closed_};
   Cache& cache = pipeline_.cache();
   Budget budget(cache, *this);
   StepPlan plan = pipeline_.scheduler().schedule(view, budget);
@@ -314,8 +314,15 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
 }
 
 void Engine::run_until_idle() {
-  while (step()) {
+  arrivals_closed_ = true;
+  try {
+    while (step()) {
+    }
+  } catch (...) {
+    arrivals_closed_ = false;
+    throw;
   }
+  arrivals_closed_ = false;
 }
 
 std::vector<GenerationResult> Engine::take_finished() {

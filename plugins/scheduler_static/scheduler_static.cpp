@@ -1,6 +1,6 @@
 // scheduler: static — the baseline for continuous batching. Gather a batch (batch_size requests, or
 // whatever has arrived when the oldest has waited `timeout` seconds), run it to completion, then
-// gather the next. Nothing joins a running batch.
+// gather the next (at once when no more requests can arrive). Nothing joins a running batch.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -44,7 +44,7 @@ class StaticScheduler final : public Scheduler {
     double oldest = view.waiting.front().arrival_time;
     for (const auto& w : view.waiting) oldest = std::min(oldest, w.arrival_time);
     const double waited = view.now - oldest;
-    if (static_cast<int64_t>(view.waiting.size()) < batch_size_ && waited < timeout_) {
+    if (static_cast<int64_t>(view.waiting.size()) < batch_size_ && waited < timeout_ && !view.arrivals_closed) {
       plan.retry_after = timeout_ - waited;
       return plan;
     }
@@ -65,7 +65,8 @@ void register_static(Registrar& r) {
   r.add<Scheduler>("static", "Baseline: gather a batch (size or timeout), run it to completion, then the next",
                    {{"batch_size", ParamType::integer, 8, "requests per batch", {}},
                     {"timeout", ParamType::number, 0.05,
-                     "seconds the oldest request waits for a batch to fill before a smaller batch starts", {}}},
+                     "seconds the oldest request waits for a batch to fill before a smaller batch starts "
+                     "(no wait when nothing more can arrive, as in `tessera run`)", {}}},
                    [](const Params& p) { return std::make_unique<StaticScheduler>(p); });
 }
 

@@ -246,6 +246,26 @@ TEST_P(SchedulerConformance, AdmitsEqualRequestsInArrivalOrder) {
   EXPECT_GT(o.first_admitted.at(8), 0) << "memory for ~2 requests, yet all were admitted at once";
 }
 
+TEST_P(SchedulerConformance, StartsAtOnceWhenNothingMoreCanArrive) {
+  // One request just submitted, memory for it, and no others to come (`tessera run`): waiting to
+  // gather a batch would only delay it.
+  auto sched = make();
+  SequenceInfo s;
+  s.id = 7;
+  s.prompt_tokens = s.total_tokens = 12;
+  s.max_new_tokens = s.expected_output = 4;
+  s.arrival_time = 5.0;
+  const std::vector<SequenceInfo> waiting = {s};
+  BlockBudget budget(64, 16);
+  budget.known_.insert(s.id);
+  SchedulerView view{waiting, {}, 512, 5.0};
+  view.arrivals_closed = true;
+  const StepPlan plan = sched->schedule(view, budget);
+  ASSERT_EQ(plan.work.size(), 1u) << "the request waits although nothing more can arrive";
+  EXPECT_EQ(plan.work[0].id, s.id);
+  EXPECT_GT(plan.work[0].n_tokens, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Schedulers, SchedulerConformance,
                          testing::ValuesIn(plugin_names(ComponentKind::scheduler)), param_name);
 

@@ -141,6 +141,9 @@ TEST(StaticPolicy, WaitsForABatchOrTheTimeout) {
   TokenBudget fresh(100, 16);
   p = s->schedule({waiting, {}, 512, 10.2}, fresh);
   EXPECT_EQ(ids(p.work), (std::vector<SeqId>{1, 2, 3})) << "a full batch starts at once";
+  TokenBudget closed(100, 16);
+  p = s->schedule({std::span(waiting).first(2), {}, 512, 10.2, true}, closed);
+  EXPECT_EQ(ids(p.work), (std::vector<SeqId>{1, 2})) << "nothing more can arrive: no wait for a full batch";
 }
 
 TEST(StaticPolicy, AdmitsNothingWhileABatchRuns) {

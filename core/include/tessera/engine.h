@@ -86,7 +86,8 @@ class Engine {
   void cancel(RequestId id);
   // Runs one step; false when there was nothing to do.
   bool step();
-  // Steps until every submitted request has finished.
+  // Steps until every submitted request has finished, for callers that submitted all of them first:
+  // schedulers are told that nothing more arrives meanwhile (SchedulerView::arrivals_closed).
   void run_until_idle();
   std::vector<GenerationResult> take_finished();
   EngineStats stats() const;
@@ -118,6 +119,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
+  bool arrivals_closed_ = false;  // inside run_until_idle
 };
 
 }  // namespace tessera

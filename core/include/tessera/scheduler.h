@@ -27,6 +27,9 @@ struct SchedulerView {
   std::span<const SequenceInfo> running;  // admission order
   int64_t max_context = 0;
   double now = 0;  // seconds, engine clock (same as arrival_time)
+  // Nothing more will be submitted while these run (Engine::run_until_idle, as `tessera run` and
+  // `eval` drive it): a scheduler waiting for more requests to fill a batch would wait for nothing.
+  bool arrivals_closed = false;
 };
 
 // Reservations made during one schedule() call; the engine commits them after it returns.
