@@ -32,6 +32,12 @@ std::string at(const std::string& file, const YAML::Node& node) {
   return file + ":" + std::to_string(node.Mark().line + 1);
 }
 
+// Where a map entry's value is, for messages about it: an empty value (`kv_dtype:`) has no text of
+// its own, and yaml-cpp marks it where the next token starts (the next line): name the key's line.
+std::string at_value(const std::string& file, const YAML::Node& key, const YAML::Node& value) {
+  return at(file, value.IsNull() ? key : value);
+}
+
 // yaml-cpp keeps the last of two equal keys in a map; a pipeline file must not say one thing twice.
 void check_duplicate_keys(const std::string& file, const YAML::Node& node) {
   if (node.IsSequence()) {
@@ -87,8 +93,9 @@ nlohmann::json to_json(const YAML::Node& node) {
 }
 
 // Reads the `server:` map into spec.server, one key at a time so that each error names its line.
-void load_server_section(const std::string& path, const YAML::Node& value, PipelineSpec& spec) {
-  if (!value.IsMap()) throw Error(at(path, value) + ": 'server' must be a map (host, port, api_key_file, ...)");
+void load_server_section(const std::string& path, const std::string& where, const YAML::Node& value,
+                         PipelineSpec& spec) {
+  if (!value.IsMap()) throw Error(where + ": 'server' must be a map (host, port, api_key_file, ...)");
   for (const auto& kv : value) {
     const std::string key = kv.first.as<std::string>();
     const std::string where = at(path, kv.first);
@@ -143,13 +150,17 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
 
   PipelineSpec spec;
   if (const YAML::Node ext = root["extends"]) {
-    if (!ext.IsScalar()) throw Error(at(path, ext) + ": 'extends' must be a file name");
+    std::string ext_where;
+    for (const auto& kv : root) {
+      if (kv.first.as<std::string>() == "extends") ext_where = at_value(path, kv.first, kv.second);
+    }
+    if (!ext.IsScalar()) throw Error(ext_where + ": 'extends' must be a file name");
     fs::path base = ext.Scalar();
     if (base.is_relative()) base = fs::path(path).parent_path() / base;
     try {
       spec = load_file(base.string(), chain);
     } catch (const Error& e) {
-      throw Error(at(path, ext) + ": in extended pipeline: " + e.what());
+      throw Error(ext_where + ": in extended pipeline: " + e.what());
     }
   } else {
     spec = default_pipeline_spec();
@@ -159,9 +170,10 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& value = kv.second;
+    const std::string where = at_value(path, kv.first, value);
     if (key == "extends") continue;
     if (key == "model") {
-      if (!value.IsScalar()) throw Error(at(path, value) + ": 'model' must be a file path");
+      if (!value.IsScalar()) throw Error(where + ": 'model' must be a file path");
       fs::path model = value.Scalar();
       // Relative model paths are tried from the working directory, then from the pipeline's folder
       // and its parent (the project root for files in pipelines/).
@@ -175,9 +187,9 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
         }
       }
       spec.model = model.string();
-      spec.model_where = at(path, value);
+      spec.model_where = where;
     } else if (key == "backend") {
-      spec.backend_where = at(path, value);
+      spec.backend_where = where;
       if (value.IsScalar()) {
         spec.backend = value.Scalar();
       } else if (value.IsMap() && value["plugin"]) {
@@ -186,14 +198,14 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
         params.erase("plugin");
         spec.backend_params = params;
       } else {
-        throw Error(at(path, value) + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
+        throw Error(where + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
       }
     } else if (key == "kv_dtype") {
-      spec.kv_dtype_where = at(path, value);
+      spec.kv_dtype_where = where;
       if (!value.IsScalar()) throw Error(spec.kv_dtype_where + ": 'kv_dtype' must be f32, f16 or bf16");
       spec.kv_dtype = parse_kv_dtype(value.Scalar(), spec.kv_dtype_where);
     } else if (key == "components") {
-      if (!value.IsMap()) throw Error(at(path, value) + ": 'components' must be a map of kind -> {plugin: ...}");
+      if (!value.IsMap()) throw Error(where + ": 'components' must be a map of kind -> {plugin: ...}");
       for (const auto& c : value) {
         const std::string kind_text = c.first.as<std::string>();
         ComponentKind kind;
@@ -202,7 +214,7 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
                       "' (expected quantizer, attention, cache, scheduler, decoder)");
         }
         ComponentSpec comp;
-        comp.where = at(path, c.second);
+        comp.where = at_value(path, c.first, c.second);
         if (c.second.IsScalar()) {
           comp.plugin = c.second.Scalar();  // shorthand: `attention: gqa`
         } else if (c.second.IsMap()) {
@@ -222,7 +234,7 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
         merge_component(spec.components[kind], std::move(comp));
       }
     } else if (key == "server") {
-      load_server_section(path, value, spec);
+      load_server_section(path, where, value, spec);
     } else {
       throw Error(at(path, kv.first) + ": unknown key '" + key +
                   "' (a pipeline has model, backend, kv_dtype, extends, components, server)");

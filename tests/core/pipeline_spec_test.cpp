@@ -137,6 +137,22 @@ TEST_F(PipelineSpecTest, KvDtypeIsInheritedAndABadOneNamesItsLineOrFlag) {
   }
 }
 
+// A key with no value has no text of its own (YAML marks it at the next token): the message names
+// the key's line, not the next one.
+TEST_F(PipelineSpecTest, AnEmptyValueNamesItsKeysLine) {
+  const std::string model = "model: " + test::kStoriesF32 + "\n";
+  std::string msg = error_of(model + "kv_dtype:\n\ncomponents: {}\n");
+  EXPECT_NE(msg.find("p.yaml:2: 'kv_dtype' must be"), std::string::npos) << msg;
+  msg = error_of("backend:\n" + model);
+  EXPECT_NE(msg.find("p.yaml:1: 'backend' must be"), std::string::npos) << msg;
+  msg = error_of(model + "components:\n  cache:\n  attention: gqa\n");
+  EXPECT_NE(msg.find("p.yaml:3: components.cache must be"), std::string::npos) << msg;
+  msg = error_of(model + "extends:\n");
+  EXPECT_NE(msg.find("p.yaml:2: 'extends' must be"), std::string::npos) << msg;
+  msg = error_of(model + "server:\n\n");
+  EXPECT_NE(msg.find("p.yaml:2: 'server' must be"), std::string::npos) << msg;
+}
+
 // f16 and bf16 caches hold a token in half the bytes: a paged pool of the same memory has twice the
 // blocks, a contiguous one the same slots in half the memory.
 TEST_F(PipelineSpecTest, AHalfPrecisionKvCacheHoldsTwiceTheTokensPerByte) {
