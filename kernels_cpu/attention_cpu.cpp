@@ -1,6 +1,6 @@
 // Causal attention over paged KV for a ragged batch, flash-style: keys are visited in blocks with an
 // online softmax, so no score matrix is materialised. Each key/value row is read once per query for
-// its whole GQA group (MHA decode: for a band of heads at once, see run_band). Scores, exponentials
+// its whole GQA group (decode: for a band of kv heads at once, see run_band). Scores, exponentials
 // and the value sum are vectorised per block.
 #include <omp.h>
 
@@ -22,7 +22,7 @@ struct Task {
   int64_t kv_head;
   int64_t q_begin;
   int64_t q_end;
-  int64_t kv_head_end;  // past kv_head + 1: a band of heads walked together (run_band)
+  int64_t kv_head_end;  // a decode task's band of kv heads [kv_head, kv_head_end), walked together
 };
 
 constexpr int64_t kMaxGroup = 64;
@@ -139,16 +139,20 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   }
 }
 
-// One query per kv head (MHA decode) for a band of heads, walked together eight keys at a time: a
+// Decode (one query per head) for a band of kv heads, walked together eight keys at a time: a kv
 // head's rows are strided by the token's whole row in the cache, and reading the band's part of
 // each row at once lets the hardware prefetcher stream it (one head after another, each key's 256
-// bytes come from another 3 KiB row and the prefetcher cannot follow). Each head's arithmetic is
-// run_task's, in the same order (key blocks, block max, correction, exponentials, value sum in key
-// order; cut into eights only where that changes no bits), so its output has the same bits.
+// bytes come from another 3 KiB row and the prefetcher cannot follow). Every query of a GQA group
+// scores the eight rows while they are in L1, with dot_rows: the same bits as run_task's transposed
+// keys. Each query's arithmetic is run_task's, in the same order (key blocks, block max, correction,
+// exponentials, value sum in key order; cut into eights only where that changes no bits), so its
+// output has the same bits.
 void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
   const int64_t hd = kv.head_dim;
+  const int64_t group = a.n_heads / kv.n_kv_heads;
   const int64_t heads = t.kv_head_end - t.kv_head;
+  const int64_t queries = heads * group;  // query j = h * group + g
   const size_t head_bytes = dtype_row_bytes(kv.dtype, hd);
   const RowOps& rows = ops.rows(kv.dtype);
   const int64_t pos = s.context_len - s.q_len + t.q_begin;
@@ -157,48 +161,50 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   gather_rows(kv, a.block_tables + s.block_table_offset,
               static_cast<const uint8_t*>(kv.k) + t.kv_head * head_bytes,
               static_cast<const uint8_t*>(kv.v) + t.kv_head * head_bytes, lo, pos - lo + 1, krows, vrows);
-  const float* q = a.q + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * hd;
+  const int64_t first_q = (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * group * hd;
+  const float* q = a.q + first_q;
   float m[kMaxGroup], l[kMaxGroup], block_max[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
   alignas(32) float scores[kMaxGroup][kKeyBlock];
-  std::fill(m, m + heads, -INFINITY);
-  std::fill(l, l + heads, 0.0f);
-  std::fill(acc, acc + heads * hd, 0.0f);
-  // The band's rows of eight keys, head h at byte offset h * head_bytes.
+  std::fill(m, m + queries, -INFINITY);
+  std::fill(l, l + queries, 0.0f);
+  std::fill(acc, acc + queries * hd, 0.0f);
+  // body(j, c, nc, rows) for every query j, over the band's rows of eight keys (head h's part at
+  // byte offset h * head_bytes).
   auto for_eights = [&](int64_t b, int n, const std::vector<const void*>& from, auto&& body) {
     for (int c = 0; c < n; c += 8) {
       const int nc = std::min(8, n - c);
       for (int64_t h = 0; h < heads; ++h) {
         const void* r[8];
         for (int u = 0; u < nc; ++u) r[u] = static_cast<const uint8_t*>(from[size_t(b - lo + c + u)]) + h * head_bytes;
-        body(h, c, nc, r);
+        for (int64_t j = h * group; j < (h + 1) * group; ++j) body(j, c, nc, r);
       }
     }
   };
   for (int64_t b = lo; b <= pos; b += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, pos + 1 - b));
-    std::fill(block_max, block_max + heads, -INFINITY);
-    for_eights(b, n, krows, [&](int64_t h, int c, int nc, const void* const* r) {
-      block_max[h] = std::max(block_max[h], rows.dot_rows(q + h * hd, r, nc, hd, a.scale, scores[h] + c));
+    std::fill(block_max, block_max + queries, -INFINITY);
+    for_eights(b, n, krows, [&](int64_t j, int c, int nc, const void* const* r) {
+      block_max[j] = std::max(block_max[j], rows.dot_rows(q + j * hd, r, nc, hd, a.scale, scores[j] + c));
     });
-    for (int64_t h = 0; h < heads; ++h) {
-      const float new_m = std::max(m[h], block_max[h]);
-      const float correction = std::exp(m[h] - new_m);
-      float* ah = acc + h * hd;
+    for (int64_t j = 0; j < queries; ++j) {
+      const float new_m = std::max(m[j], block_max[j]);
+      const float correction = std::exp(m[j] - new_m);
+      float* aj = acc + j * hd;
       if (correction != 1.0f) {
-        for (int64_t d = 0; d < hd; ++d) ah[d] *= correction;
+        for (int64_t d = 0; d < hd; ++d) aj[d] *= correction;
       }
-      l[h] = l[h] * correction + ops.exp_shift(scores[h], n, new_m);
-      m[h] = new_m;
+      l[j] = l[j] * correction + ops.exp_shift(scores[j], n, new_m);
+      m[j] = new_m;
     }
-    for_eights(b, n, vrows, [&](int64_t h, int c, int nc, const void* const* r) {
-      rows.weighted_sum(scores[h] + c, r, nc, hd, acc + h * hd);
+    for_eights(b, n, vrows, [&](int64_t j, int c, int nc, const void* const* r) {
+      rows.weighted_sum(scores[j] + c, r, nc, hd, acc + j * hd);
     });
   }
-  float* out = a.out + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * hd;
-  for (int64_t h = 0; h < heads; ++h) {
-    const float inv = 1.0f / l[h];
-    for (int64_t d = 0; d < hd; ++d) out[h * hd + d] = acc[h * hd + d] * inv;
+  float* out = a.out + first_q;
+  for (int64_t j = 0; j < queries; ++j) {
+    const float inv = 1.0f / l[j];
+    for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = acc[j * hd + d] * inv;
   }
 }
 
@@ -228,17 +234,18 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).
   const int threads =
       work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? omp_get_max_threads() : 1;
-  // MHA decode of a dense sequence goes in bands of heads (run_band), one band per thread when the
+  // Decode of a dense sequence goes in bands of kv heads (run_band), one band per thread when the
   // sequences alone cannot occupy the team. Heads of 16 or fewer keep run_task: their rows are short,
   // and their value sum's four key chains would round differently cut into eights.
-  const bool bands = a.n_heads == kv.n_kv_heads && kv.head_dim > 16;
-  const int64_t per_band =
-      (kv.n_kv_heads + std::max<int64_t>(1, threads / a.n_seqs) - 1) / std::max<int64_t>(1, threads / a.n_seqs);
+  const bool bands = kv.head_dim > 16;
+  const int64_t bands_per_seq = std::max<int64_t>(1, threads / a.n_seqs);
+  const int64_t per_band = std::min((kv.n_kv_heads + bands_per_seq - 1) / bands_per_seq,
+                                    kMaxGroup / (a.n_heads / kv.n_kv_heads));
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
     if (bands && s.q_len == 1 && !(a.sparse.block > 0 && a.sparse.seq_base[si] >= 0)) {
-      for (int64_t h = 0; h < kv.n_kv_heads; h += std::min(per_band, kMaxGroup)) {
-        tasks.push_back({si, h, 0, 1, std::min(kv.n_kv_heads, h + std::min(per_band, kMaxGroup))});
+      for (int64_t h = 0; h < kv.n_kv_heads; h += per_band) {
+        tasks.push_back({si, h, 0, 1, std::min(kv.n_kv_heads, h + per_band)});
       }
       continue;
     }

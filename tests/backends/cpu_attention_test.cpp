@@ -52,8 +52,10 @@ struct Shape {
 TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
   Backend& b = cpu_backend();
   constexpr int64_t kHeads = 8, kBlock = 16, kContext = 150, kQueries = 7;
+  // Decode of heads wider than 16 walks bands of kv heads (GQA: 4 x 64 and 4 x 24 with a group of
+  // 2); prefill reads transposed keys.
   for (const Shape& sh : {Shape{8, 8, 0}, Shape{8, 64, 0}, Shape{4, 8, 0}, Shape{1, 64, 0}, Shape{8, 64, 37},
-                          Shape{8, 12, 0}, Shape{2, 12, 0}}) {
+                          Shape{8, 12, 0}, Shape{2, 12, 0}, Shape{4, 64, 0}, Shape{4, 24, 37}}) {
     SCOPED_TRACE("kv heads " + std::to_string(sh.n_kv_heads) + " head_dim " + std::to_string(sh.head_dim) +
                  " window " + std::to_string(sh.window));
     const int64_t kv_row = sh.n_kv_heads * sh.head_dim, q_row = kHeads * sh.head_dim;
