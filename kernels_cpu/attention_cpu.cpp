@@ -222,28 +222,29 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   // Split work into (sequence, kv head, query chunk) tasks of similar size.
   thread_local std::vector<Task> tasks;
   tasks.clear();
-  int64_t work = 0, kv_read = 0;
+  int64_t pairs = 0, kv_read = 0;  // pairs: (query, key) of every sequence
   for (int64_t si = 0; si < a.n_seqs; ++si) {
-    work += int64_t(a.seqs[si].q_len) * a.seqs[si].context_len;
+    pairs += int64_t(a.seqs[si].q_len) * a.seqs[si].context_len;
     kv_read += a.seqs[si].context_len;
   }
-  work *= a.n_heads * kv.head_dim;
+  const int64_t work = pairs * a.n_heads * kv.head_dim;
   kv_read *= 2 * int64_t(dtype_row_bytes(kv.dtype, kv.token_stride()));
   // Decode attention forks from an eighth of the GEMMs' stream threshold: it runs between GEMVs
   // whose team is still spinning (a fork costs ~1 us then), and on one thread the other core sat
   // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).
   const int threads =
       work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? omp_get_max_threads() : 1;
-  // Decode of a dense sequence goes in bands of kv heads (run_band), one band per thread when the
-  // sequences alone cannot occupy the team. Heads of 16 or fewer keep run_task: their rows are short,
+  // Decode of a dense sequence goes in bands of kv heads (run_band): as few as keep the team busy,
+  // a sequence's share of the threads by its share of the work (one alone: a band per thread; one
+  // long among short ones still split). Heads of 16 or fewer keep run_task: their rows are short,
   // and their value sum's four key chains would round differently cut into eights.
   const bool bands = kv.head_dim > 16;
-  const int64_t bands_per_seq = std::max<int64_t>(1, threads / a.n_seqs);
-  const int64_t per_band = std::min((kv.n_kv_heads + bands_per_seq - 1) / bands_per_seq,
-                                    kMaxGroup / (a.n_heads / kv.n_kv_heads));
+  const int64_t max_band = kMaxGroup / (a.n_heads / kv.n_kv_heads);
   for (int64_t si = 0; si < a.n_seqs; ++si) {
     const AttentionSeqDesc& s = a.seqs[si];
     if (bands && s.q_len == 1 && !(a.sparse.block > 0 && a.sparse.seq_base[si] >= 0)) {
+      const int64_t share = std::clamp<int64_t>((threads * s.context_len + pairs - 1) / pairs, 1, kv.n_kv_heads);
+      const int64_t per_band = std::min((kv.n_kv_heads + share - 1) / share, max_band);
       for (int64_t h = 0; h < kv.n_kv_heads; h += per_band) {
         tasks.push_back({si, h, 0, 1, std::min(kv.n_kv_heads, h + per_band)});
       }
