@@ -315,14 +315,12 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
 
 void Engine::run_until_idle() {
   arrivals_closed_ = true;
-  try {
-    while (step()) {
-    }
-  } catch (...) {
-    arrivals_closed_ = false;
-    throw;
+  struct Reopen {
+    bool& closed;
+    ~Reopen() { closed = false; }
+  } reopen{arrivals_closed_};  // on return and on a throw
+  while (step()) {
   }
-  arrivals_closed_ = false;
 }
 
 std::vector<GenerationResult> Engine::take_finished() {
