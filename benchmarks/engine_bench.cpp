@@ -5,6 +5,7 @@
 //   TESSERA_BENCH_MODEL      model for decode concurrency        (default: stories260K f32)
 //   TESSERA_BENCH_QUANTIZER  quantizer plugin for it              (default: none)
 //   TESSERA_BENCH_LONG_MODEL model with >= 1024 context for TTFT (default: TESSERA_BENCH_MODEL)
+//   TESSERA_BENCH_BACKEND    backend of every pipeline             (default: cpu; cuda, hip)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ std::string decode_model() {
 std::unique_ptr<Pipeline> pipeline(const std::string& model, const nlohmann::json& components) {
   PipelineSpec spec = default_pipeline_spec();
   spec.model = model;
-  spec.backend = "cpu";
+  spec.backend = env_or("TESSERA_BENCH_BACKEND", "cpu");
   for (const auto& [kind_text, value] : components.items()) {
     ComponentKind kind;
     parse_kind(kind_text, &kind);
@@ -353,8 +354,9 @@ void BM_SpeculativeSweep(benchmark::State& state) {
   const auto plain = golden_pipeline({{"plugin", "sampling"}});
   constexpr int kRepeats = 3;
   for (auto _ : state) {
-    std::printf("\n%s: stories260K f32 target, greedy, golden prompts x 96 tokens, 1 request at a time, best of %d\n",
-                name.c_str(), kRepeats);
+    std::printf("\n%s: stories260K f32 target on %s, greedy, golden prompts x 96 tokens, 1 request at a time, "
+                "best of %d\n",
+                name.c_str(), env_or("TESSERA_BENCH_BACKEND", "cpu").c_str(), kRepeats);
     std::printf("%3s %12s %12s %8s %10s %13s %11s %9s\n", "k", "plain tok/s", "spec tok/s", "speedup", "acceptance",
                 "mean accepted", "draft share", "identical");
     double best_speedup = 0, total = 0;

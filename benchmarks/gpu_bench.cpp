@@ -3,6 +3,7 @@
 //   copy      device-to-device copy bandwidth (read + write bytes / s): the decode roofline
 //   gemm      f16 and f32 GEMM through the backend's gemm at a large square shape (cuBLAS on CUDA):
 //             the prefill ceiling
+//   gemv      weight bytes/s of the decode GEMM (m = 1) at the 1b preset's shapes, f16 and int8
 //   decode    single-stream decode tokens/s and 64-concurrent throughput on a synthetic model per
 //             quantizer, with the single-stream figure as a share of (copy bandwidth / bytes read
 //             per token)
@@ -12,6 +13,7 @@
 //                  [--tokens 128] [--concurrent 64] [--json out.json]
 // Exit status 2 with a message when the backend cannot be created (no device).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -97,10 +99,34 @@ double gemm_flops(Backend& b, DType t, int64_t size) {
   return 2.0 * double(m) * double(n) * double(k) / s;
 }
 
-std::unique_ptr<Pipeline> make_pipeline(const Options& o, const std::string& quantizer, const Registry& reg) {
+// Bytes/s a decode-sized GEMM (m = 1) reads from the weight, for one weight of type t (f16, or i8
+// with per-row scales) with n rows of k columns: `calls` back-to-back calls per timed repetition, so
+// the figure is the kernel's and not one launch's latency.
+double gemv_bandwidth(Backend& b, DType t, int64_t n, int64_t k) {
+  const size_t wbytes = dtype_row_bytes(t, k) * size_t(n);
+  DeviceBuffer w(b, wbytes), scales(b, size_t(n) * 4), x(b, size_t(k) * 4), y(b, size_t(n) * 4);
+  std::vector<uint8_t> host(wbytes);
+  std::mt19937 rng(2);
+  for (auto& byte : host) byte = static_cast<uint8_t>(rng() & 0x3b);  // small finite f16 values, any int8
+  b.copy_to_device(w.get(), host.data(), wbytes);
+  const std::vector<float> ones(size_t(std::max(n, k)), 0.01f);
+  b.copy_to_device(scales.get(), ones.data(), size_t(n) * 4);
+  b.copy_to_device(x.get(), ones.data(), size_t(k) * 4);
+  WeightView view{w.get(), t, n, k};
+  if (t == DType::I8) view.scales = scales.as<float>();
+  constexpr int kCalls = 20;
+  const double s = best_seconds(b, 5, [&] {
+    for (int i = 0; i < kCalls; ++i) b.gemm(x.as<float>(), 1, view, y.as<float>());
+  });
+  return double(wbytes) * kCalls / s;
+}
+
+std::unique_ptr<Pipeline> make_pipeline(const Options& o, const std::string& quantizer, bool graphs,
+                                        const Registry& reg) {
   PipelineSpec spec = default_pipeline_spec();
   spec.model = o.model;
   spec.backend = o.backend;
+  if (!graphs) spec.backend_params = {{"graphs", false}};
   auto set = [&](ComponentKind kind, const std::string& plugin, nlohmann::json params) {
     ComponentSpec c;
     c.plugin = plugin;
@@ -131,8 +157,8 @@ struct DecodeFigures {
   size_t bytes_per_token = 0;  // weights a decode step reads (everything but the embedding table)
 };
 
-DecodeFigures run_model(const Options& o, const std::string& quantizer, const Registry& reg) {
-  auto p = make_pipeline(o, quantizer, reg);
+DecodeFigures run_model(const Options& o, const std::string& quantizer, bool graphs, const Registry& reg) {
+  auto p = make_pipeline(o, quantizer, graphs, reg);
   const ModelConfig& c = p->model().config();
   DecodeFigures f;
   const size_t table = c.tied_output ? 0 : size_t(c.vocab * c.dim) * 2;  // synthetic f16 table (not read whole)
@@ -210,6 +236,16 @@ int run(const Options& o) {
   const double bw = copy_bandwidth(*b);
   const double f16 = gemm_flops(*b, DType::F16, 8192);
   const double f32 = gemm_flops(*b, DType::F32, 4096);
+  // The 1b preset's decode GEMMs: q+k+v, wo, gate+up, down and the output head.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2560, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632},
+                                                           {32000, 2048}};
+  std::vector<std::array<double, 2>> gemv(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    gemv[i] = {gemv_bandwidth(*b, DType::F16, shapes[i].first, shapes[i].second),
+               gemv_bandwidth(*b, DType::I8, shapes[i].first, shapes[i].second)};
+    out["gemv"].push_back({{"n", shapes[i].first}, {"k", shapes[i].second}, {"f16_bytes_per_s", gemv[i][0]},
+                           {"i8_bytes_per_s", gemv[i][1]}});
+  }
   out["copy_bytes_per_s"] = bw;
   out["gemm_f16_flops"] = f16;
   out["gemm_f32_flops"] = f32;
@@ -219,24 +255,36 @@ int run(const Options& o) {
   std::printf("%-34s %11.0f GB/s\n", "device copy bandwidth (rd+wr)", bw / 1e9);
   std::printf("%-34s %11.1f TFLOP/s\n", "gemm f16 8192^3 (backend gemm)", f16 / 1e12);
   std::printf("%-34s %11.1f TFLOP/s\n", "gemm f32 4096^3 (backend gemm)", f32 / 1e12);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const std::string label = "gemv m=1 " + std::to_string(shapes[i].first) + "x" + std::to_string(shapes[i].second);
+    std::printf("%-34s %6.0f GB/s f16 %6.0f GB/s int8 (%.0f%% / %.0f%% of copy)\n", label.c_str(), gemv[i][0] / 1e9,
+                gemv[i][1] / 1e9, 100.0 * gemv[i][0] / bw, 100.0 * gemv[i][1] / bw);
+  }
 
   if (!o.model.empty()) {
-    std::printf("\n%-8s %12s %12s %10s %12s %10s %10s\n", "weights", "1-seq tok/s", "roofline", "share",
+    std::printf("\n%-13s %12s %12s %10s %12s %10s %10s\n", "weights", "1-seq tok/s", "roofline", "share",
                 std::to_string(o.concurrent).append("-seq tok/s").c_str(), "prefill", "of f16 gemm");
-    for (const std::string& q : o.quantizers) {
+    // Each quantizer with the backend's defaults, then the first one again launching op by op
+    // (backend param graphs: false), the same run's measure of what CUDA graphs bring.
+    std::vector<std::pair<std::string, bool>> rows;
+    for (const std::string& q : o.quantizers) rows.emplace_back(q, true);
+    if (!o.quantizers.empty()) rows.emplace_back(o.quantizers.front(), false);
+    for (const auto& [q, graphs] : rows) {
+      const std::string label = (q == "none" ? std::string("f16") : q) + (graphs ? "" : " nograph");
+      const std::string key = graphs ? q : q + " graphs:false";
       DecodeFigures f;
       try {
-        f = run_model(o, q, reg);
+        f = run_model(o, q, graphs, reg);
       } catch (const Error& e) {
-        std::printf("%-8s failed: %s\n", q.c_str(), e.what());
-        out["models"][q]["error"] = e.what();
+        std::printf("%-13s failed: %s\n", label.c_str(), e.what());
+        out["models"][key]["error"] = e.what();
         continue;
       }
       const double roof = bw / double(f.bytes_per_token);
       const double tflops = f.prefill_flops / f.prefill_s;
-      std::printf("%-8s %12.1f %12.1f %9.1f%% %12.1f %7.1f TF %9.1f%%\n", q == "none" ? "f16" : q.c_str(), f.single_tps,
-                  roof, 100.0 * f.single_tps / roof, f.concurrent_tps, tflops / 1e12, 100.0 * tflops / f16);
-      out["models"][q] = {{"single_tokens_per_s", f.single_tps},
+      std::printf("%-13s %12.1f %12.1f %9.1f%% %12.1f %7.1f TF %9.1f%%\n", label.c_str(), f.single_tps, roof,
+                  100.0 * f.single_tps / roof, f.concurrent_tps, tflops / 1e12, 100.0 * tflops / f16);
+      out["models"][key] = {{"single_tokens_per_s", f.single_tps},
                           {"roofline_tokens_per_s", roof},
                           {"bytes_per_token", f.bytes_per_token},
                           {"concurrent", o.concurrent},

@@ -16,6 +16,7 @@ using DestroyFn = cublasStatus_t (*)(cublasHandle_t);
 using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
 using SetMathModeFn = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
 using GetVersionFn = cublasStatus_t (*)(cublasHandle_t, int*);
+using SetWorkspaceFn = cublasStatus_t (*)(cublasHandle_t, void*, size_t);
 using SgemmFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
                                    const float*, int, const float*, int, const float*, float*, int);
 using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
@@ -26,6 +27,7 @@ class Cublas final : public VendorBlas {
  public:
   ~Cublas() override {
     if (handle_ != nullptr) destroy_(handle_);
+    if (workspace_ != nullptr) (void)cudaFree(workspace_);
     // The library stays loaded: cuBLAS registers exit handlers and must not be unloaded first.
   }
 
@@ -55,6 +57,7 @@ class Cublas final : public VendorBlas {
     sym(b->get_version_, "cublasGetVersion_v2");
     sym(b->sgemm_, "cublasSgemm_v2");
     sym(b->gemm_ex_, "cublasGemmEx");
+    sym(b->set_workspace_, "cublasSetWorkspace_v2");
     if (!ok) return nullptr;
     if (b->create_(&b->handle_) != CUBLAS_STATUS_SUCCESS) {
       b->handle_ = nullptr;
@@ -67,6 +70,17 @@ class Cublas final : public VendorBlas {
       *why = "cublasSetStream/SetMathMode failed";
       return nullptr;
     }
+    // A workspace of our own, so that a GEMM captured into a CUDA graph (launch_queue.h) allocates
+    // nothing during the capture; without it cuBLAS uses its default pool.
+    if (cudaMalloc(&b->workspace_, kWorkspaceBytes) == cudaSuccess) {
+      if (b->set_workspace_(b->handle_, b->workspace_, kWorkspaceBytes) != CUBLAS_STATUS_SUCCESS) {
+        (void)cudaFree(b->workspace_);
+        b->workspace_ = nullptr;
+      }
+    } else {
+      (void)cudaGetLastError();
+      b->workspace_ = nullptr;
+    }
     int version = 0;
     b->get_version_(b->handle_, &version);
     b->name_ = "cuBLAS " + std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
@@ -75,6 +89,14 @@ class Cublas final : public VendorBlas {
   }
 
   std::string name() const override { return name_; }
+
+  bool gemm_i8(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* acc) override {
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || k % 4 != 0 || n % 4 != 0) return false;
+    const int32_t one = 1, zero = 0;
+    return gemm_ex_(handle_, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, w, CUDA_R_8I, int(k), x, CUDA_R_8I,
+                    int(k), &zero, acc, CUDA_R_32I, int(n), CUBLAS_COMPUTE_32I,
+                    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  }
 
   void gemm(Type type, const void* x, int64_t m, const void* w, int64_t n, int64_t k, float* y) override {
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) throw Error("cuBLAS gemm: dimensions exceed int32");
@@ -106,6 +128,9 @@ class Cublas final : public VendorBlas {
   GetVersionFn get_version_ = nullptr;
   SgemmFn sgemm_ = nullptr;
   GemmExFn gemm_ex_ = nullptr;
+  SetWorkspaceFn set_workspace_ = nullptr;
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLAS suggests for Hopper
+  void* workspace_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   std::string name_;
 };

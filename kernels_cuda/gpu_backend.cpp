@@ -1,18 +1,24 @@
 // The CUDA and HIP backends: device memory through the runtime API and every op of the kernel
 // interface. One source serves both vendors through vendor.h (TESSERA_HIP selects HIP). On CUDA,
-// float GEMMs with more than a few rows go to cuBLAS when libcublas can be opened (see
+// float and int8 GEMMs with more than a few rows go to cuBLAS when libcublas can be opened (see
 // vendor_blas.h); everything else, and everything on HIP, runs the kernels in kernels/.
+//
+// Ops are queued and launched at the next copy, synchronisation or free, from a CUDA graph when the
+// same sequence ran before (launch_queue.h): a decode step's launches cost one graph launch.
 //
 // WeightView::kernel_variant for gemm on these backends:
 //   0  the default: own GEMV kernels for m <= 8 (decode), vendor BLAS for larger m where available
 //   1  own kernels only, for every shape (for comparisons and for checking the BLAS path)
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels_gpu.h"
+#include "launch_queue.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
 #if !defined(TESSERA_HIP)
@@ -33,8 +39,15 @@ namespace {
 const std::string kBackend = TESSERA_GPU_BACKEND;
 #if defined(TESSERA_HIP)
 constexpr const char* kDoc = "AMD GPU through HIP (ROCm): every op; own GEMM kernels";
+constexpr const char* kGraphsDoc =
+    "accepted so that a pipeline runs on either vendor; HIP launches each op as it is called";
 #else
-constexpr const char* kDoc = "NVIDIA GPU through CUDA: every op; cuBLAS for large float GEMMs when libcublas loads";
+constexpr const char* kDoc =
+    "NVIDIA GPU through CUDA: every op; cuBLAS for large float and int8 GEMMs when libcublas loads; repeated "
+    "launch sequences (decode steps) replayed as CUDA graphs";
+constexpr const char* kGraphsDoc =
+    "replay repeated sequences of launches (a decode step) from captured CUDA graphs; false launches each op as it "
+    "is called";
 #endif
 
 constexpr int32_t kVariantDefault = 0;
@@ -44,6 +57,9 @@ constexpr int32_t kVariantOwnKernels = 1;
 // where one expansion is amortised over enough rows.
 constexpr int64_t kBlasMinRows = 9;
 constexpr int64_t kDequantMinRows = 64;
+// Positions whose rope rotations are tabled (8192 x rope_dim / 2 x 8 bytes: 1 MiB at rope_dim 32,
+// 4 MiB at 128); later positions are computed per call.
+constexpr int64_t kRopeTablePositions = 8192;
 
 [[noreturn]] void fail(const std::string& what, cudaError_t status) {
   throw Error(kBackend + " backend: " + what + " failed (" + cudaGetErrorString(status) + ")");
@@ -101,7 +117,7 @@ struct Scratch {
 
 class GpuBackend final : public Backend {
  public:
-  explicit GpuBackend(int device) : device_(device) {
+  GpuBackend(int device, bool graphs) : device_(device) {
     check(cudaSetDevice(device_), TESSERA_GPU_API "SetDevice");
     // A non-blocking stream of our own, so work never serialises against other libraries' use of
     // the legacy default stream.
@@ -115,17 +131,24 @@ class GpuBackend final : public Backend {
     void* dev = nullptr;
     check(cudaHostGetDevicePointer(&dev, host, 0), TESSERA_GPU_API "HostGetDevicePointer");
     status_dev_ = static_cast<DeviceStatus*>(dev);
-#if !defined(TESSERA_HIP)
+#if defined(TESSERA_HIP)
+    graphs = false;  // not captured on HIP (launch_queue.h)
+#else
     blas_ = VendorBlas::open(stream_, &blas_missing_);
 #endif
+    queue_ = std::make_unique<LaunchQueue>(stream_, !graphs);
   }
   ~GpuBackend() override {
     (void)cudaSetDevice(device_);
+    try {
+      if (queue_) queue_->flush();  // what was asked for still happens
+    } catch (const Error&) {
+    }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
 #if !defined(TESSERA_HIP)
     blas_.reset();
 #endif
-    for (Scratch* s : {&act_, &wexp_, &aux_}) {
+    for (Scratch* s : {&act_, &wexp_, &aux_, &attn_, &acc_, &rope_table_}) {
       if (s->ptr != nullptr) (void)cudaFree(s->ptr);
     }
     if (status_host_ != nullptr) (void)cudaFreeHost(status_host_);
@@ -173,37 +196,43 @@ class GpuBackend final : public Backend {
   void deallocate(void* ptr) noexcept override {
     if (ptr == nullptr) return;
     (void)cudaSetDevice(device_);
+    try {
+      queue_->flush();  // queued ops may still use this memory
+    } catch (const Error&) {
+      if (!deferred_error_) deferred_error_ = std::current_exception();  // reported at the next copy or sync
+    }
     (void)cudaFree(ptr);
   }
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
-    activate();
+    drain_queue();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy_to_device");
     check(cudaStreamSynchronize(stream_), "copy_to_device");
     check_status();
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    activate();
+    drain_queue();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy_to_host");
     check(cudaStreamSynchronize(stream_), "copy_to_host");
     check_status();
   }
   void copy_on_device(void* dst, const void* src, size_t bytes) override {
-    activate();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy_on_device");
+    enqueue("copy_on_device", [=](cudaStream_t s) {
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy_on_device");
+    }, dst, src, bytes);
   }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
                  int64_t rows) override {
     if (rows <= 0 || row_bytes == 0) return;
-    activate();
-    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, size_t(rows), cudaMemcpyDeviceToDevice, stream_),
-          "copy_rows");
+    enqueue("copy_rows", [=](cudaStream_t s) {
+      check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, size_t(rows), cudaMemcpyDeviceToDevice, s),
+            "copy_rows");
+    }, dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
   void fill_zero(void* dst, size_t bytes) override {
-    activate();
-    check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
+    enqueue("fill_zero", [=](cudaStream_t s) { check(cudaMemsetAsync(dst, 0, bytes, s), "fill_zero"); }, dst, bytes);
   }
   void synchronize() override {
-    activate();
+    drain_queue();
     check(cudaStreamSynchronize(stream_), "synchronize");
     check_status();
   }
@@ -211,9 +240,9 @@ class GpuBackend final : public Backend {
   // Kernels.
   void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
     if (!supports(Op::embedding, table.dtype)) unsupported("embedding", table.dtype);
-    activate();
-    gpu::embedding(to_gpu(table, "embedding"), ids, n, out, status_dev_, stream_);
-    launched("embedding");
+    const GpuWeight gw = to_gpu(table, "embedding");
+    DeviceStatus* status = status_dev_;
+    enqueue("embedding", [=](cudaStream_t s) { gpu::embedding(gw, ids, n, out, status, s); }, gw, ids, n, out, status);
   }
 
   void gemm(const float* x, int64_t m, const WeightView& w, float* y) override {
@@ -225,18 +254,15 @@ class GpuBackend final : public Backend {
     if (w.dtype == DType::I8) return gemm_i8(x, m, w, y);
     const GpuWeight gw = to_gpu(w, "gemm");
     if (m <= 0 || w.rows <= 0) return;
-    activate();
 #if !defined(TESSERA_HIP)
     if (blas_ && w.kernel_variant == kVariantDefault && m >= kBlasMinRows && blas_gemm(x, m, w, gw, y)) return;
 #endif
-    gpu::gemm(x, m, gw, y, stream_);
-    launched("gemm");
+    enqueue("gemm", [=](cudaStream_t s) { gpu::gemm(x, m, gw, y, s); }, x, m, gw, y);
   }
 
   void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
-    activate();
-    gpu::rms_norm(x, weight, out, rows, dim, eps, stream_);
-    launched("rms_norm");
+    enqueue("rms_norm", [=](cudaStream_t s) { gpu::rms_norm(x, weight, out, rows, dim, eps, s); }, x, weight, out,
+            rows, dim, eps);
   }
   void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
             float theta, RopeStyle style) override {
@@ -244,50 +270,47 @@ class GpuBackend final : public Backend {
       throw Error(kBackend + " rope: rope_dim " + std::to_string(rope_dim) + " must be even and at most head_dim " +
                   std::to_string(head_dim));
     }
-    activate();
-    gpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, style == RopeStyle::neox, stream_);
-    launched("rope");
+    const float* table = rope_table(rope_dim, theta);
+    const bool neox = style == RopeStyle::neox;
+    enqueue("rope", [=](cudaStream_t s) {
+      gpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, neox, table, kRopeTablePositions, s);
+    }, x, positions, rows, n_heads, head_dim, rope_dim, theta, neox, table);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
-    activate();
-    gpu::silu_mul(gate, up, out, n, stream_);
-    launched("silu_mul");
+    enqueue("silu_mul", [=](cudaStream_t s) { gpu::silu_mul(gate, up, out, n, s); }, gate, up, out, n);
   }
   void add(const float* a, const float* b, float* out, int64_t n) override {
-    activate();
-    gpu::add(a, b, out, n, stream_);
-    launched("add");
+    enqueue("add", [=](cudaStream_t s) { gpu::add(a, b, out, n, s); }, a, b, out, n);
   }
   void softmax(float* x, int64_t rows, int64_t cols) override {
-    activate();
-    gpu::softmax(x, rows, cols, stream_);
-    launched("softmax");
+    enqueue("softmax", [=](cudaStream_t s) { gpu::softmax(x, rows, cols, s); }, x, rows, cols);
   }
   void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows) override {
     if (!cache_dtype(kv.dtype)) unsupported("kv_write", kv.dtype);
-    activate();
-    gpu::kv_write(pools(kv), k, v, slots, rows, status_dev_, stream_);
-    launched("kv_write");
+    const KvPools p = pools(kv);
+    DeviceStatus* status = status_dev_;
+    enqueue("kv_write", [=](cudaStream_t s) { gpu::kv_write(p, k, v, slots, rows, status, s); }, p, k, v, slots, rows,
+            status);
   }
   void attention(const AttentionArgs& args, const KvLayerView& kv) override {
-    const AttnParams a = attention_params(args, kv, "attention");
-    activate();
-    gpu::attention(a, pools(kv), stream_);
-    launched("attention");
+    AttnParams a = attention_params(args, kv, "attention");
+    a.max_context_len = attention_context_bucket(a.max_context_len);  // decode steps' launches stay equal
+    const KvPools p = pools(kv);
+    const size_t bytes = attention_scratch_bytes(a, p);
+    float* partial = bytes > 0 ? static_cast<float*>(scratch(attn_, bytes)) : nullptr;
+    enqueue("attention", [=](cudaStream_t s) { gpu::attention(a, p, partial, s); }, a, p, partial);
   }
   void attention_block_scores(const AttentionArgs& args, const KvLayerView& kv, float* scores) override {
     const AttnParams a = attention_params(args, kv, "attention_block_scores");
     if (a.sparse_block <= 0) return;
-    activate();
-    const size_t bytes = block_scores_scratch_bytes(a, pools(kv));
-    gpu::attention_block_scores(a, pools(kv), scores, static_cast<float*>(scratch(aux_, bytes)), stream_);
-    launched("attention_block_scores");
+    const KvPools p = pools(kv);
+    auto* means = static_cast<float*>(scratch(aux_, block_scores_scratch_bytes(a, p)));
+    enqueue("attention_block_scores", [=](cudaStream_t s) { gpu::attention_block_scores(a, p, scores, means, s); }, a,
+            p, scores, means);
   }
   void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out) override {
     if (cols > INT32_MAX) throw Error(kBackend + " argmax: " + std::to_string(cols) + " columns exceed int32 ids");
-    activate();
-    gpu::argmax(logits, rows, cols, out, stream_);
-    launched("argmax");
+    enqueue("argmax", [=](cudaStream_t s) { gpu::argmax(logits, rows, cols, out, s); }, logits, rows, cols, out);
   }
 
  private:
@@ -298,9 +321,17 @@ class GpuBackend final : public Backend {
       check(cudaSetDevice(device_), TESSERA_GPU_API "SetDevice");
     }
   }
-  static void launched(const char* op) {
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) fail(std::string(op) + " launch", status);
+  // Queues a launch; `key` lists every value `launch` uses (LaunchKey).
+  template <class F, class... T>
+  void enqueue(const char* op, F&& launch, const T&... key) {
+    activate();  // the queue may launch a full segment now
+    queue_->push(op, std::forward<F>(launch), key...);
+  }
+  // Launches what is queued, then reports an error a free could not throw.
+  void drain_queue() {
+    activate();
+    queue_->flush();
+    if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
   }
   [[noreturn]] static void unsupported(const char* op, DType t) {
     throw Error(kBackend + " " + op + " does not support " + std::string(dtype_name(t)));
@@ -320,9 +351,27 @@ class GpuBackend final : public Backend {
     throw Error("kv slot " + std::to_string(value) + " is outside the cache (" + std::to_string(limit) + " slots)");
   }
 
+  // The rotations of the first kRopeTablePositions positions for (rope_dim, theta), made on first
+  // use; a call with other settings (another model on this backend) replaces it.
+  const float* rope_table(int64_t rope_dim, float theta) {
+    if (rope_dim != rope_table_dim_ || theta != rope_table_theta_) {
+      activate();
+      const size_t bytes = size_t(kRopeTablePositions * (rope_dim / 2)) * 2 * sizeof(float);
+      float* table = static_cast<float*>(scratch(rope_table_, bytes));
+      queue_->flush();  // queued ropes read the old table
+      fill_rope_table(table, kRopeTablePositions, rope_dim, theta, stream_);
+      check(cudaGetLastError(), "rope table launch");
+      rope_table_dim_ = rope_dim;
+      rope_table_theta_ = theta;
+    }
+    return static_cast<const float*>(rope_table_.ptr);
+  }
+
   void* scratch(Scratch& s, size_t bytes) {
     if (bytes > s.bytes) {
-      check(cudaStreamSynchronize(stream_), "scratch resize");  // earlier kernels may still read it
+      activate();
+      queue_->flush();                                          // queued ops may use the old buffer
+      check(cudaStreamSynchronize(stream_), "scratch resize");  // and earlier kernels still read it
       if (s.ptr != nullptr) check(cudaFree(s.ptr), TESSERA_GPU_API "Free");
       s.ptr = nullptr;
       s.bytes = 0;
@@ -358,38 +407,58 @@ class GpuBackend final : public Backend {
   void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     if (w.scales == nullptr) throw Error(kBackend + " gemm on i8: the weight has no scales");
     if (m <= 0 || w.rows <= 0) return;  // m = 0 only validates the view
-    activate();
-    const int64_t k = w.cols;
+    const int64_t k = w.cols, n = w.rows;
     const size_t q_bytes = (size_t(m * k) + 255) / 256 * 256;
     auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + size_t(m) * sizeof(float)));
     auto* xq = reinterpret_cast<int8_t*>(base);
     auto* sx = reinterpret_cast<float*>(base + q_bytes);
-    quantize_rows_i8(x, m, k, xq, sx, stream_);
-    gpu::gemm_i8(xq, sx, m, static_cast<const int8_t*>(w.data), w.scales, w.rows, k, y, stream_);
-    launched("gemm (i8)");
+    const auto* wd = static_cast<const int8_t*>(w.data);
+    const float* ws = w.scales;
+#if !defined(TESSERA_HIP)
+    // Batches and prefill: cuBLAS's int8 tensor-core GEMM into exact int32, then the same rescale.
+    if (blas_ && w.kernel_variant == kVariantDefault && m >= kBlasMinRows) {
+      auto* acc = static_cast<int32_t*>(scratch(acc_, size_t(m * n) * sizeof(int32_t)));
+      VendorBlas* blas = blas_.get();
+      enqueue("gemm (i8, cuBLAS)", [=](cudaStream_t s) {
+        quantize_rows_i8(x, m, k, xq, sx, s);
+        if (blas->gemm_i8(xq, m, wd, n, k, acc)) {
+          scale_i32(acc, sx, ws, m, n, y, s);
+        } else {
+          gpu::gemm_i8(xq, sx, m, wd, ws, n, k, y, s);  // a shape cuBLAS refuses
+        }
+      }, x, m, k, xq, sx, wd, ws, n, y, acc);
+      return;
+    }
+#endif
+    enqueue("gemm (i8)", [=](cudaStream_t s) {
+      quantize_rows_i8(x, m, k, xq, sx, s);
+      gpu::gemm_i8(xq, sx, m, wd, ws, n, k, y, s);
+    }, x, m, k, xq, sx, wd, ws, n, y);
   }
 
 #if !defined(TESSERA_HIP)
   // The vendor BLAS path; false when this weight type stays on the own kernels for this m.
   bool blas_gemm(const float* x, int64_t m, const WeightView& w, const GpuWeight& gw, float* y) {
     const int64_t n = w.rows, k = w.cols;
+    VendorBlas* blas = blas_.get();
     if (w.dtype == DType::F32) {
-      blas_->gemm(VendorBlas::Type::f32, x, m, w.data, n, k, y);
+      const void* wdata = w.data;
+      enqueue("gemm (cuBLAS)", [=](cudaStream_t) { blas->gemm(VendorBlas::Type::f32, x, m, wdata, n, k, y); }, x, m,
+              wdata, n, k, y);
       return true;
     }
     const bool half = w.dtype == DType::F16 || w.dtype == DType::BF16;
     if (!half && m < kDequantMinRows) return false;
     const bool bf16 = w.dtype == DType::BF16;
     auto* xh = static_cast<uint16_t*>(scratch(act_, size_t(m * k) * 2));
-    floats_to_half(x, m * k, xh, bf16, stream_);
-    const void* wdata = w.data;
-    if (!half) {
-      auto* wh = static_cast<uint16_t*>(scratch(wexp_, size_t(n * k) * 2));
-      dequantize_to_f16(gw, wh, stream_);
-      wdata = wh;
-    }
-    launched("gemm (conversion for cuBLAS)");
-    blas_->gemm(bf16 ? VendorBlas::Type::bf16 : VendorBlas::Type::f16, xh, m, wdata, n, k, y);
+    uint16_t* wh = half ? nullptr : static_cast<uint16_t*>(scratch(wexp_, size_t(n * k) * 2));
+    const void* wdata = half ? w.data : wh;
+    enqueue("gemm (cuBLAS)", [=](cudaStream_t s) {
+      floats_to_half(x, m * k, xh, bf16, s);
+      if (wh != nullptr) dequantize_to_f16(gw, wh, s);
+      check(cudaGetLastError(), "gemm (conversion for cuBLAS) launch");
+      blas->gemm(bf16 ? VendorBlas::Type::bf16 : VendorBlas::Type::f16, xh, m, wdata, n, k, y);
+    }, x, m, gw, y, xh, wh, bf16);
     return true;
   }
 #endif
@@ -438,10 +507,17 @@ class GpuBackend final : public Backend {
   Scratch act_;   // quantized or half activations
   Scratch wexp_;  // a weight expanded to f16 for the vendor BLAS
   Scratch aux_;   // block-score key means
+  Scratch attn_;  // attention's per-split partial rows
+  Scratch acc_;   // int32 products of the vendor BLAS's int8 GEMM
+  Scratch rope_table_;
+  int64_t rope_table_dim_ = 0;
+  float rope_table_theta_ = 0;
 #if !defined(TESSERA_HIP)
   std::unique_ptr<VendorBlas> blas_;
   std::string blas_missing_;
 #endif
+  std::unique_ptr<LaunchQueue> queue_;  // after blas_: destroyed first; the destructor drains it before that
+  std::exception_ptr deferred_error_;
 };
 
 std::unique_ptr<Backend> create_backend(const Params& params) {
@@ -459,12 +535,13 @@ std::unique_ptr<Backend> create_backend(const Params& params) {
                 std::to_string(count) + " " TESSERA_GPU_VENDOR " device(s) are present (0.." +
                 std::to_string(count - 1) + ")");
   }
-  return std::make_unique<GpuBackend>(static_cast<int>(device));
+  return std::make_unique<GpuBackend>(static_cast<int>(device), params.get_bool("graphs"));
 }
 
 void register_gpu(Registrar& r) {
   r.add<Backend>(kBackend, kDoc,
-                 {{"device", ParamType::integer, 0, "device index (0 = the first GPU the runtime reports)", {}}},
+                 {{"device", ParamType::integer, 0, "device index (0 = the first GPU the runtime reports)", {}},
+                  {"graphs", ParamType::boolean, true, kGraphsDoc, {}}},
                  [](const Params& p) { return create_backend(p); });
 }
 

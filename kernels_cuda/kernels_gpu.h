@@ -93,8 +93,13 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStr
 // out[r] = x[r] / rms(x[r]) * weight; out may equal x.
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
               cudaStream_t stream);
+// Rotations of the first `table_positions` positions come from `table` (made by fill_rope_table
+// with the same rope_dim and theta: cos and sin of pair i at position p at [2 * (p * rope_dim / 2 + i)]);
+// later positions, or all when table is null, are computed in the kernel.
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
-          int64_t rope_dim, float theta, bool neox, cudaStream_t stream);
+          int64_t rope_dim, float theta, bool neox, const float* table, int64_t table_positions,
+          cudaStream_t stream);
+void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float theta, cudaStream_t stream);
 void softmax(float* x, int64_t rows, int64_t cols, cudaStream_t stream);
 void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 // Rows of a f32/f16/bf16/q8_0/q4_0 table; an id outside [0, rows) is recorded in status.
@@ -109,6 +114,9 @@ void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t 
 void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* sx, cudaStream_t stream);
 void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
              int64_t k, float* y, cudaStream_t stream);
+// The dequantization of an exact int32 product made elsewhere (vendor BLAS): the same one gemm_i8 fuses.
+void scale_i32(const int32_t* acc, const float* sx, const float* w_scales, int64_t m, int64_t n, float* y,
+               cudaStream_t stream);
 // For vendor BLAS: activations to f16/bf16 bits, and a whole weight to f16 bits.
 void floats_to_half(const float* x, int64_t n, uint16_t* out, bool bf16, cudaStream_t stream);
 void dequantize_to_f16(const GpuWeight& w, uint16_t* out, cudaStream_t stream);
@@ -116,8 +124,17 @@ void dequantize_to_f16(const GpuWeight& w, uint16_t* out, cudaStream_t stream);
 // Stores k/v rows at their slots; a slot outside the pool is recorded in status.
 void kv_write(const KvPools& kv, const float* k, const float* v, const int32_t* slots, int64_t rows,
               DeviceStatus* status, cudaStream_t stream);
-// Paged causal attention (ragged batch, GQA, sliding window, block-sparse layout).
-void attention(const AttnParams& a, const KvPools& kv, cudaStream_t stream);
+// Paged causal attention (ragged batch, GQA, sliding window, block-sparse layout). `scratch` holds
+// attention_scratch_bytes(a, kv) bytes (may be null when that is 0).
+void attention(const AttnParams& a, const KvPools& kv, float* scratch, cudaStream_t stream);
+size_t attention_scratch_bytes(const AttnParams& a, const KvPools& kv);
+// attention() reads max_context_len only to pick how many blocks share a row's keys; this rounds it
+// up to the next value that changes that choice, so successive decode steps launch alike.
+int32_t attention_context_bucket(int32_t max_context_len);
+// The tiled kernel attention() uses for dense layouts up to head size 128 (attention_dense_gpu.cu).
+bool dense_attention_applies(const AttnParams& a, const KvPools& kv);
+size_t dense_attention_scratch_bytes(const AttnParams& a, const KvPools& kv);
+void dense_attention(const AttnParams& a, const KvPools& kv, float* scratch, cudaStream_t stream);
 // Scratch the block scores need (key-block means), in bytes.
 size_t block_scores_scratch_bytes(const AttnParams& a, const KvPools& kv);
 void attention_block_scores(const AttnParams& a, const KvPools& kv, float* scores, float* scratch,

@@ -24,6 +24,9 @@ class VendorBlas {
   // Row-major y[m][n] = x[m][k] · w[n][k]ᵀ, x and w both of `type`, y float, accumulation in f32
   // (no TF32 for f32 inputs). Throws tessera::Error naming the failing call.
   virtual void gemm(Type type, const void* x, int64_t m, const void* w, int64_t n, int64_t k, float* y) = 0;
+  // Row-major int32 acc[m][n] = x[m][k] · w[n][k]ᵀ over int8, exact; false (nothing launched) for a
+  // shape or alignment the library refuses, so the caller can run its own kernel instead.
+  virtual bool gemm_i8(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* acc) = 0;
 };
 
 }  // namespace tessera::gpu

@@ -1,5 +1,7 @@
 #include "tessera/model.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 
@@ -271,9 +273,11 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
     for (int64_t i = n - wanted; i < n; ++i) s.host_logit_rows.push_back(row + static_cast<int32_t>(i));
     row += static_cast<int32_t>(n);
   }
+  // Buffers grow to powers of two, so that their addresses (part of what a GPU backend's captured
+  // decode step replays) change a few times per sequence, not with every new cache block.
   auto up = [&](DeviceBuffer& buf, const auto& vec) {
     const size_t bytes = vec.size() * sizeof(vec[0]);
-    buf.ensure(backend_, std::max<size_t>(bytes, 64));
+    buf.ensure(backend_, std::bit_ceil(std::max<size_t>(bytes, 64)));
     if (bytes) buf.upload(vec.data(), bytes);
   };
   up(s.ids, s.host_ids);

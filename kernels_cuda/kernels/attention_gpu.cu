@@ -1,5 +1,7 @@
 // Paged causal attention for a ragged batch, flash-style: keys are visited in chunks staged in shared
-// memory with an online softmax, so no score matrix is materialised.
+// memory with an online softmax, so no score matrix is materialised. This kernel serves the
+// block-sparse layout and head sizes past 128; dense attention up to head size 128 goes to the
+// tiled kernel of attention_dense_gpu.cu.
 //
 // A block serves one (sequence, kv head) and up to kRows (query, head-of-the-group) rows: a decode
 // step's whole query group shares every K/V chunk it loads, so each KV head is read once per query
@@ -200,8 +202,11 @@ void launch(const AttnParams& a, const KvPools& kv, cudaStream_t stream) {
 
 }  // namespace
 
-void attention(const AttnParams& a, const KvPools& kv, cudaStream_t stream) {
+size_t attention_scratch_bytes(const AttnParams& a, const KvPools& kv) { return dense_attention_scratch_bytes(a, kv); }
+
+void attention(const AttnParams& a, const KvPools& kv, float* scratch, cudaStream_t stream) {
   if (a.n_seqs <= 0 || a.max_q_len <= 0) return;
+  if (dense_attention_applies(a, kv)) return dense_attention(a, kv, scratch, stream);
   switch (kv.type) {
     case CacheType::f32: return launch<float>(a, kv, stream);
     case CacheType::f16: return launch<Half>(a, kv, stream);

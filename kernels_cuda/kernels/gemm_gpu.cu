@@ -27,21 +27,31 @@ constexpr int kMaxM = 8;          // activation rows per GEMV launch
 constexpr int kGemvBlock = 256;   // threads: 8 warps of 32 or 4 wavefronts of 64
 constexpr int kGemvRows = 8;      // output features per block (a warp takes several on wave64)
 
-// ---- unit decoders for the GEMV: kUnit consecutive elements of row j starting at u * kUnit -----
+// ---- unit decoders for the GEMV ------------------------------------------------------------------
+// A decoder reads unit u (kUnit consecutive elements of row j, starting at u * kUnit) in two steps:
+// fetch() issues the unit's memory load, decode() turns the loaded bits into floats. The GEMV issues
+// kDepth fetches per lane before decoding any of them, so enough bytes are in flight to keep HBM
+// busy (one 16-byte load per lane at a time left the H200 at a quarter of its bandwidth).
 
 struct DecF32x4 {
-  static constexpr int kUnit = 4;
-  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
-    const float4 v = reinterpret_cast<const float4*>(row)[u];
+  static constexpr int kUnit = 4, kDepth = 4;
+  using Raw = float4;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) {
+    return reinterpret_cast<const float4*>(row)[u];
+  }
+  __device__ static void decode(const GpuWeight&, const Raw& v, int64_t, int64_t, float* out) {
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
   }
 };
 
 template <bool kBf16>
 struct DecHalfx8 {
-  static constexpr int kUnit = 8;
-  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
-    const uint4 v = reinterpret_cast<const uint4*>(row)[u];
+  static constexpr int kUnit = 8, kDepth = 4;
+  using Raw = uint4;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) {
+    return reinterpret_cast<const uint4*>(row)[u];
+  }
+  __device__ static void decode(const GpuWeight&, const Raw& v, int64_t, int64_t, float* out) {
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -52,11 +62,12 @@ struct DecHalfx8 {
   }
 };
 
-// GGUF Q8_0: fp16 scale + 32 int8 (blocks are 34 bytes, so only 2-byte aligned).
+// GGUF Q8_0: fp16 scale + 32 int8 (blocks are 34 bytes, so only 2-byte aligned); decode loads.
 struct DecQ8_0 {
-  static constexpr int kUnit = 32;
-  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
-    const uint8_t* blk = row + u * 34;
+  static constexpr int kUnit = 32, kDepth = 1;
+  using Raw = const uint8_t*;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) { return row + u * 34; }
+  __device__ static void decode(const GpuWeight&, Raw blk, int64_t, int64_t, float* out) {
     const float d = half_bits_to_float(load_u16(blk));
 #pragma unroll
     for (int t = 0; t < 16; ++t) {
@@ -69,9 +80,10 @@ struct DecQ8_0 {
 
 // GGUF Q4_0: fp16 scale + 16 bytes; byte i holds element i (low nibble) and i + 16 (high), offset 8.
 struct DecQ4_0 {
-  static constexpr int kUnit = 32;
-  __device__ static void load(const GpuWeight&, const uint8_t* row, int64_t, int64_t u, float* out) {
-    const uint8_t* blk = row + u * 18;
+  static constexpr int kUnit = 32, kDepth = 1;
+  using Raw = const uint8_t*;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) { return row + u * 18; }
+  __device__ static void decode(const GpuWeight&, Raw blk, int64_t, int64_t, float* out) {
     const float d = half_bits_to_float(load_u16(blk));
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -87,9 +99,12 @@ struct DecQ4_0 {
 
 // int4, low nibble first: 8 elements from one 4-byte word, all in one group (group_size % 8 == 0).
 struct DecI4x8 {
-  static constexpr int kUnit = 8;
-  __device__ static void load(const GpuWeight& w, const uint8_t* row, int64_t j, int64_t u, float* out) {
-    const uint32_t bits = reinterpret_cast<const uint32_t*>(row)[u];
+  static constexpr int kUnit = 8, kDepth = 4;
+  using Raw = uint32_t;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) {
+    return reinterpret_cast<const uint32_t*>(row)[u];
+  }
+  __device__ static void decode(const GpuWeight& w, Raw bits, int64_t j, int64_t u, float* out) {
     const int64_t gi = j * (w.cols / w.group_size) + (u * 8) / w.group_size;
     const float scale = w.scales[gi];
     const float zero = w.zeros != nullptr ? w.zeros[gi] : 8.0f;
@@ -104,15 +119,19 @@ struct DecI4x8 {
 
 // Any format, one element at a time: for shapes or pointers the vector units cannot take.
 struct DecScalar {
-  static constexpr int kUnit = 1;
-  __device__ static void load(const GpuWeight& w, const uint8_t* row, int64_t j, int64_t u, float* out) {
-    out[0] = weight_element(w, row, j, u);
+  static constexpr int kUnit = 1, kDepth = 1;
+  using Raw = float;
+  __device__ static Raw fetch(const GpuWeight& w, const uint8_t* row, int64_t j, int64_t u) {
+    return weight_element(w, row, j, u);
   }
+  __device__ static void decode(const GpuWeight&, Raw v, int64_t, int64_t, float* out) { out[0] = v; }
 };
 
-template <class D, bool kVecX>
-__global__ void gemv_kernel(const float* __restrict__ x, int m, GpuWeight w, int64_t row_bytes,
-                            float* __restrict__ y) {
+// kM: activation rows this instance is built for (m <= kM), so that one decode row keeps few
+// registers and many warps fit an SM; kDepth fetches per lane are in flight at a time.
+template <class D, bool kVecX, int kM, int kDepth>
+__global__ void __launch_bounds__(kGemvBlock) gemv_kernel(const float* __restrict__ x, int m, GpuWeight w,
+                                                         int64_t row_bytes, float* __restrict__ y) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
   const int64_t k = w.cols, n = w.rows;
@@ -120,33 +139,45 @@ __global__ void gemv_kernel(const float* __restrict__ x, int m, GpuWeight w, int
   const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
   for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
-    float acc[kMaxM];
+    float acc[kM];
 #pragma unroll
-    for (int i = 0; i < kMaxM; ++i) acc[i] = 0.0f;
-    for (int64_t u = lane; u < units; u += kWarpSize) {
-      float wv[D::kUnit];
-      D::load(w, row, j, u, wv);
+    for (int i = 0; i < kM; ++i) acc[i] = 0.0f;
+    // A lane's units in increasing order (u0, u0 + warp size, ...), as with one fetch at a time.
+    for (int64_t u0 = lane; u0 < units; u0 += int64_t(kDepth) * kWarpSize) {
+      typename D::Raw raw[kDepth];
 #pragma unroll
-      for (int i = 0; i < kMaxM; ++i) {
-        if (i < m) {  // a guard, not a break, so the loop unrolls and acc stays in registers
-          const float* xr = x + i * k + u * D::kUnit;
-          float s = acc[i];
-          if constexpr (kVecX) {
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u < units) raw[d] = D::fetch(w, row, j, u);
+      }
 #pragma unroll
-            for (int e = 0; e < D::kUnit; e += 4) {
-              const float4 xv = *reinterpret_cast<const float4*>(xr + e);
-              s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u >= units) break;
+        float wv[D::kUnit];
+        D::decode(w, raw[d], j, u, wv);
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          if (i < m) {  // a guard, not a break, so the loop unrolls and acc stays in registers
+            const float* xr = x + i * k + u * D::kUnit;
+            float s = acc[i];
+            if constexpr (kVecX) {
+#pragma unroll
+              for (int e = 0; e < D::kUnit; e += 4) {
+                const float4 xv = *reinterpret_cast<const float4*>(xr + e);
+                s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
             }
-          } else {
-#pragma unroll
-            for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
+            acc[i] = s;
           }
-          acc[i] = s;
         }
       }
     }
 #pragma unroll
-    for (int i = 0; i < kMaxM; ++i) {
+    for (int i = 0; i < kM; ++i) {
       if (i < m) {
         const float s = warp_sum(acc[i]);
         if (lane == 0) y[i * n + j] = s;
@@ -155,13 +186,113 @@ __global__ void gemv_kernel(const float* __restrict__ x, int m, GpuWeight w, int
   }
 }
 
+// The same product with a block per kSplitRows output features, so several warps share a row (four
+// of 32 lanes, two of 64), each taking every kParts-th run of units, their sums added through shared
+// memory: for weights with few rows (q/k/v, the output projection, the down projection of a decode
+// step), where a warp per row leaves too few loads in flight to cover the memory latency. The host
+// sizes the grid by rows alone: the warp size is only known in the device pass (vendor.h).
+constexpr int kSplitRows = 2;
+
+template <class D, bool kVecX, int kM, int kDepth>
+__global__ void __launch_bounds__(kGemvBlock) gemv_split_kernel(const float* __restrict__ x, int m, GpuWeight w,
+                                                               int64_t row_bytes, float* __restrict__ y) {
+  constexpr int kWarps = kGemvBlock / kWarpSize;
+  constexpr int kParts = kWarps / kSplitRows;
+  static_assert(kParts * kSplitRows == kWarps, "a block holds whole rows");
+  __shared__ float partial[kWarps][kM];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int part = warp % kParts;
+  const int64_t k = w.cols, n = w.rows;
+  const int64_t units = k / D::kUnit;
+  const int64_t j = int64_t(blockIdx.x) * kSplitRows + warp / kParts;
+  float acc[kM];
+#pragma unroll
+  for (int i = 0; i < kM; ++i) acc[i] = 0.0f;
+  if (j < n) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
+    constexpr int64_t kStride = int64_t(kWarpSize) * kParts;
+    for (int64_t u0 = lane + int64_t(part) * kWarpSize; u0 < units; u0 += kDepth * kStride) {
+      typename D::Raw raw[kDepth];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t u = u0 + d * kStride;
+        if (u < units) raw[d] = D::fetch(w, row, j, u);
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t u = u0 + d * kStride;
+        if (u >= units) break;
+        float wv[D::kUnit];
+        D::decode(w, raw[d], j, u, wv);
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          if (i < m) {
+            const float* xr = x + i * k + u * D::kUnit;
+            float s = acc[i];
+            if constexpr (kVecX) {
+#pragma unroll
+              for (int e = 0; e < D::kUnit; e += 4) {
+                const float4 xv = *reinterpret_cast<const float4*>(xr + e);
+                s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
+            }
+            acc[i] = s;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    const float s = warp_sum(acc[i]);  // every lane of every warp: no divergence around the shuffles
+    if (lane == 0) partial[warp][i] = s;
+  }
+  __syncthreads();
+  if (part == 0 && lane == 0 && j < n) {
+    for (int i = 0; i < m; ++i) {
+      float s = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) s += partial[warp + p][i];
+      y[i * n + j] = s;
+    }
+  }
+}
+
+// Rows below which (with rows long enough to split) the GEMV splits each row over kParts warps.
+constexpr int64_t kSplitMaxRows = 4096, kSplitMinCols = 1024;
+
 template <class D, bool kVecX>
 void launch_gemv(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t stream) {
   const int64_t row_bytes = weight_row_bytes(w.format, w.cols);
   const unsigned grid = static_cast<unsigned>((w.rows + kGemvRows - 1) / kGemvRows);
   for (int64_t i0 = 0; i0 < m; i0 += kMaxM) {
     const int rows = static_cast<int>(m - i0 < kMaxM ? m - i0 : kMaxM);
-    gemv_kernel<D, kVecX><<<grid, kGemvBlock, 0, stream>>>(x + i0 * w.cols, rows, w, row_bytes, y + i0 * w.rows);
+    const float* xi = x + i0 * w.cols;
+    float* yi = y + i0 * w.rows;
+    if constexpr (D::kUnit < 32) {  // GGUF blocks decode a whole 32-element block per lane: not split
+      if (w.rows <= kSplitMaxRows && w.cols >= kSplitMinCols) {
+      const unsigned split_grid = static_cast<unsigned>((w.rows + kSplitRows - 1) / kSplitRows);
+      if (rows == 1) {
+        gemv_split_kernel<D, kVecX, 1, D::kDepth><<<split_grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes, yi);
+      } else if (rows <= 4) {
+        gemv_split_kernel<D, kVecX, 4, D::kDepth><<<split_grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes, yi);
+      } else {
+        gemv_split_kernel<D, kVecX, kMaxM, D::kDepth><<<split_grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes,
+                                                                                             yi);
+      }
+      continue;
+      }
+    }
+    if (rows == 1) {
+      gemv_kernel<D, kVecX, 1, 2 * D::kDepth><<<grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes, yi);
+    } else if (rows <= 4) {
+      gemv_kernel<D, kVecX, 4, D::kDepth><<<grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes, yi);
+    } else {
+      gemv_kernel<D, kVecX, kMaxM, D::kDepth><<<grid, kGemvBlock, 0, stream>>>(xi, rows, w, row_bytes, yi);
+    }
   }
 }
 

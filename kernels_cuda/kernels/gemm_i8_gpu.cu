@@ -10,6 +10,8 @@ namespace tessera::gpu {
 namespace {
 
 constexpr int kQuantBlock = 256;
+// Float4s a thread of the vector kernel holds in registers between the two passes over its row.
+constexpr int kQuantVec = 8;
 
 __global__ void quantize_rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, int8_t* __restrict__ xq,
                                      float* __restrict__ sx) {
@@ -23,6 +25,47 @@ __global__ void quantize_rows_kernel(const float* __restrict__ x, int64_t m, int
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
       const int q = __float2int_rn(__fmul_rn(xr[c], inv));
       xq[r * k + c] = int8_t(q < -127 ? -127 : (q > 127 ? 127 : q));
+    }
+    if (threadIdx.x == 0) sx[r] = amax / 127.0f;
+  }
+}
+
+__device__ inline uint32_t quantize4(float4 v, float inv) {
+  const float f[4] = {v.x, v.y, v.z, v.w};
+  uint32_t packed = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int q = __float2int_rn(__fmul_rn(f[e], inv));
+    packed |= uint32_t(uint8_t(int8_t(q < -127 ? -127 : (q > 127 ? 127 : q)))) << (8 * e);
+  }
+  return packed;
+}
+
+// The same values for rows of at most kQuantBlock * kQuantVec * 4 floats, 16-byte aligned (k % 4 == 0):
+// each row is read once, in float4s kept in registers for the second pass.
+__global__ void quantize_rows_vec_kernel(const float* __restrict__ x, int64_t m, int64_t k, int8_t* __restrict__ xq,
+                                         float* __restrict__ sx) {
+  __shared__ float scratch[32];
+  const int64_t vecs = k / 4;
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const float4* xr = reinterpret_cast<const float4*>(x + r * k);
+    float4 v[kQuantVec];
+    float amax = 0;
+#pragma unroll
+    for (int q = 0; q < kQuantVec; ++q) {
+      const int64_t c = threadIdx.x + int64_t(q) * blockDim.x;
+      if (c < vecs) {
+        v[q] = xr[c];
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+      }
+    }
+    amax = block_max(amax, scratch);
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    uint32_t* out = reinterpret_cast<uint32_t*>(xq + r * k);
+#pragma unroll
+    for (int q = 0; q < kQuantVec; ++q) {
+      const int64_t c = threadIdx.x + int64_t(q) * blockDim.x;
+      if (c < vecs) out[c] = quantize4(v[q], inv);
     }
     if (threadIdx.x == 0) sx[r] = amax / 127.0f;
   }
@@ -62,6 +105,58 @@ __global__ void gemv_i8_kernel(const int8_t* __restrict__ xq, const float* __res
     }
 #pragma unroll
     for (int i = 0; i < kMaxM; ++i) {
+      if (i < m) {
+        const int s = warp_sum(acc[i]);
+        if (lane == 0) y[i * n + j] = float(s) * (sx[i] * w_scales[j]);
+      }
+    }
+  }
+}
+
+// The same with 16-byte loads, kVecDepth of them per lane in flight before the dot products (rows
+// 16-byte aligned: k % 16 == 0 and aligned bases). Integer sums are exact in any order, so both
+// kernels give the same bits.
+// kM and kDepth as in gemm_gpu.cu's gemv_kernel: one decode row keeps few registers.
+template <int kM, int kVecDepth>
+__global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int m,
+                                   const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
+                                   int64_t k, float* __restrict__ y) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t units = k / 16;
+  const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
+  for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
+    const int4* wr = reinterpret_cast<const int4*>(w + j * k);
+    int acc[kM];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) acc[i] = 0;
+    for (int64_t u0 = lane; u0 < units; u0 += int64_t(kVecDepth) * kWarpSize) {
+      int4 wv[kVecDepth];
+#pragma unroll
+      for (int d = 0; d < kVecDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u < units) wv[d] = wr[u];
+      }
+#pragma unroll
+      for (int d = 0; d < kVecDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u >= units) break;
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          if (i < m) {
+            const int4 xv = reinterpret_cast<const int4*>(xq + i * k)[u];
+            int s = acc[i];
+            s = dp4a(xv.x, wv[d].x, s);
+            s = dp4a(xv.y, wv[d].y, s);
+            s = dp4a(xv.z, wv[d].z, s);
+            s = dp4a(xv.w, wv[d].w, s);
+            acc[i] = s;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
       if (i < m) {
         const int s = warp_sum(acc[i]);
         if (lane == 0) y[i * n + j] = float(s) * (sx[i] * w_scales[j]);
@@ -121,11 +216,31 @@ __global__ void gemm_i8_tiled_kernel(const int8_t* __restrict__ xq, const float*
   }
 }
 
+__global__ void scale_i32_kernel(const int32_t* __restrict__ acc, const float* __restrict__ sx,
+                                 const float* __restrict__ w_scales, int64_t m, int64_t n, float* __restrict__ y) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < m * n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / n, j = e % n;
+    y[e] = float(acc[e]) * (sx[i] * w_scales[j]);
+  }
+}
+
 }  // namespace
+
+void scale_i32(const int32_t* acc, const float* sx, const float* w_scales, int64_t m, int64_t n, float* y,
+               cudaStream_t stream) {
+  if (m <= 0 || n <= 0) return;
+  scale_i32_kernel<<<capped_grid((m * n + 255) / 256), 256, 0, stream>>>(acc, sx, w_scales, m, n, y);
+}
 
 void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* sx, cudaStream_t stream) {
   if (m <= 0) return;
-  quantize_rows_kernel<<<capped_grid(m), kQuantBlock, 0, stream>>>(x, m, k, xq, sx);
+  const bool vec = k % 4 == 0 && k <= int64_t(kQuantBlock) * kQuantVec * 4 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(xq) % 4 == 0;
+  if (vec) {
+    quantize_rows_vec_kernel<<<capped_grid(m), kQuantBlock, 0, stream>>>(x, m, k, xq, sx);
+  } else {
+    quantize_rows_kernel<<<capped_grid(m), kQuantBlock, 0, stream>>>(x, m, k, xq, sx);
+  }
 }
 
 void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
@@ -138,8 +253,20 @@ void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, cons
     gemm_i8_tiled_kernel<<<grid, kTileThreads, 0, stream>>>(xq, sx, m, w, w_scales, n, k, aligned, y);
     return;
   }
-  gemv_i8_kernel<<<static_cast<unsigned>((n + kGemvRows - 1) / kGemvRows), kGemvBlock, 0, stream>>>(
-      xq, sx, static_cast<int>(m), w, w_scales, n, k, aligned, y);
+  const unsigned grid = static_cast<unsigned>((n + kGemvRows - 1) / kGemvRows);
+  const bool vec = k % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 16 == 0;
+  if (vec) {
+    const int rows = static_cast<int>(m);
+    if (rows == 1) {
+      gemv_i8_vec_kernel<1, 8><<<grid, kGemvBlock, 0, stream>>>(xq, sx, rows, w, w_scales, n, k, y);
+    } else if (rows <= 4) {
+      gemv_i8_vec_kernel<4, 4><<<grid, kGemvBlock, 0, stream>>>(xq, sx, rows, w, w_scales, n, k, y);
+    } else {
+      gemv_i8_vec_kernel<kMaxM, 4><<<grid, kGemvBlock, 0, stream>>>(xq, sx, rows, w, w_scales, n, k, y);
+    }
+  } else {
+    gemv_i8_kernel<<<grid, kGemvBlock, 0, stream>>>(xq, sx, static_cast<int>(m), w, w_scales, n, k, aligned, y);
+  }
 }
 
 }  // namespace tessera::gpu

@@ -1,44 +1,46 @@
 // rope: rotates pairs of each head by position * theta^(-2i/rope_dim), in place. The angles are
 // computed in double, as the CPU reference does, so rotations agree with it to float rounding
-// (greedy tokens of a model must not depend on the backend).
+// (greedy tokens of a model must not depend on the backend). Double-precision pow/sin/cos cost
+// microseconds per launch, so the backend keeps a table of them for the first positions
+// (fill_rope_table) and the kernel computes only positions past it.
 #include "common.cuh"
 
 namespace tessera::gpu {
 
 namespace {
 
-constexpr int kBlock = 128;
+constexpr int kBlock = 256;
 
-// One block per row; threads walk the (head, pair) grid of the row. cos/sin depend only on the
-// position and the pair, so they are computed once per row into shared memory (for up to
-// kMaxPairs pairs; beyond that, per element).
-constexpr int kMaxPairs = 256;
+__device__ inline void rope_angle(int64_t pos, int64_t i, int64_t rope_dim, float theta, float* c, float* s) {
+  const double a = double(pos) * pow(double(theta), -2.0 * double(i) / double(rope_dim));
+  *c = float(cos(a));
+  *s = float(sin(a));
+}
 
-__global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int64_t rows, int64_t n_heads,
-                            int64_t head_dim, int64_t rope_dim, float theta, bool neox) {
-  __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
+__global__ void rope_table_kernel(float* table, int64_t positions, int64_t rope_dim, float theta) {
   const int64_t half = rope_dim / 2;
-  const bool cached = half <= kMaxPairs;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < positions * half;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    rope_angle(e / half, e % half, rope_dim, theta, &table[2 * e], &table[2 * e + 1]);
+  }
+}
+
+// One block per row; threads walk the (head, pair) grid of the row.
+__global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int64_t rows, int64_t n_heads,
+                            int64_t head_dim, int64_t rope_dim, float theta, bool neox,
+                            const float* __restrict__ table, int64_t table_positions) {
+  const int64_t half = rope_dim / 2;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const double pos = positions[r];
-    if (cached) {
-      for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-        const double a = pos * pow(double(theta), -2.0 * double(i) / double(rope_dim));
-        cos_s[i] = float(cos(a));
-        sin_s[i] = float(sin(a));
-      }
-      __syncthreads();
-    }
+    const int64_t pos = positions[r];
+    const bool tabled = pos >= 0 && pos < table_positions;
     for (int64_t e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
       const int64_t h = e / half, i = e % half;
       float c, s;
-      if (cached) {
-        c = cos_s[i];
-        s = sin_s[i];
+      if (tabled) {
+        c = table[2 * (pos * half + i)];
+        s = table[2 * (pos * half + i) + 1];
       } else {
-        const double a = pos * pow(double(theta), -2.0 * double(i) / double(rope_dim));
-        c = float(cos(a));
-        s = float(sin(a));
+        rope_angle(pos, i, rope_dim, theta, &c, &s);
       }
       float* v = x + (r * n_heads + h) * head_dim;
       const int64_t i0 = neox ? i : 2 * i;
@@ -47,17 +49,22 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
       v[i0] = a0 * c - b0 * s;
       v[i1] = a0 * s + b0 * c;
     }
-    __syncthreads();  // the next row overwrites cos_s/sin_s
   }
 }
 
 }  // namespace
 
+void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float theta, cudaStream_t stream) {
+  if (positions <= 0 || rope_dim < 2) return;
+  rope_table_kernel<<<capped_grid((positions * (rope_dim / 2) + kBlock - 1) / kBlock, 4096), kBlock, 0, stream>>>(
+      table, positions, rope_dim, theta);
+}
+
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
-          float theta, bool neox, cudaStream_t stream) {
+          float theta, bool neox, const float* table, int64_t table_positions, cudaStream_t stream) {
   if (rows <= 0 || n_heads <= 0 || rope_dim < 2) return;
-  rope_kernel<<<capped_grid(rows), kBlock, 0, stream>>>(x, positions, rows, n_heads, head_dim, rope_dim, theta,
-                                                        neox);
+  rope_kernel<<<capped_grid(rows), kBlock, 0, stream>>>(x, positions, rows, n_heads, head_dim, rope_dim, theta, neox,
+                                                        table, table_positions);
 }
 
 }  // namespace tessera::gpu

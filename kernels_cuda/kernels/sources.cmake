@@ -12,6 +12,7 @@ set(TESSERA_GPU_KERNEL_SOURCES
   ${TESSERA_GPU_DIR}/kernels/embedding_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/kv_write_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/attention_gpu.cu
+  ${TESSERA_GPU_DIR}/kernels/attention_dense_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/attention_block_scores_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/gemm_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/gemm_i8_gpu.cu

@@ -58,13 +58,15 @@ class GpuBackendTest : public testing::TestWithParam<GpuCase> {
   bool loaded_ = false;
 };
 
-TEST_P(GpuBackendTest, RegistersBackendWithDeviceParam) {
+TEST_P(GpuBackendTest, RegistersBackendWithDeviceAndGraphsParams) {
   const PluginEntry* entry = registry().find(ComponentKind::backend, GetParam().backend);
   ASSERT_NE(entry, nullptr);
   EXPECT_EQ(std::filesystem::path(entry->library).filename(), path_.filename());
-  ASSERT_EQ(entry->params.size(), 1u);
+  ASSERT_EQ(entry->params.size(), 2u);
   EXPECT_EQ(entry->params[0].name, "device");
   EXPECT_EQ(entry->params[0].default_value, 0);
+  EXPECT_EQ(entry->params[1].name, "graphs");
+  EXPECT_EQ(entry->params[1].default_value, true);
 }
 
 TEST_P(GpuBackendTest, WithoutDeviceCreationIsRefusedClearly) {

@@ -175,7 +175,11 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
     for (int64_t m : {1, 3, 8, 9, 37, 70}) {
       for (int32_t variant : {0, 1}) {
         const bool blocky = c.t == DType::Q8_0 || c.t == DType::Q4_0 || c.t == DType::I4;
-        const int64_t k = blocky ? 32 * pick(1, 12) : pick(1, 300) * (c.t == DType::I4 ? 2 : 1);
+        // Every other shape has k a multiple of 32 and up to 2048, the vector GEMV path with several
+        // rounds of loads per lane; the others any k the type allows.
+        const bool round_k = (m + variant) % 2 == 0;
+        const int64_t k = blocky || round_k ? 32 * pick(1, round_k ? 64 : 12)
+                                            : pick(1, 300) * (c.t == DType::I4 ? 2 : 1);
         const int64_t n = pick(1, 200);
         if (c.t == DType::I4 && k % c.group != 0) continue;
         SCOPED_TRACE(std::string(dtype_name(c.t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
@@ -215,13 +219,87 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
   }
 }
 
+// The decode GEMV's three shapes of launch: a warp per row (many rows), several warps per row (few
+// rows, long ones), and short rows; one and several activation rows.
+TEST_P(GpuOps, DecodeGemvPathsMatchReference) {
+  SCOPED_TRACE(seed_note());
+  for (DType t : {DType::F32, DType::F16, DType::I4}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{4100 + pick(0, 900), 1024}, {pick(100, 300), 1024 + 32 * pick(0, 32)},
+                        {pick(100, 300), 32 * pick(1, 16)}}) {
+      for (int64_t m : {1, 3, 8}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                     std::to_string(k));
+        TestWeight w = make_weight(t, n, k, rng_, 32, false);
+        const auto x = floats(size_t(m * k), -2, 2);
+        DeviceBuffer wd = up(gpu(), w.data), sd = up(gpu(), w.scales), xd = up(gpu(), x);
+        DeviceBuffer yd = poisoned(gpu(), size_t(m * n));
+        WeightView view{wd.get(), t, n, k};
+        if (t == DType::I4) {
+          view.scales = sd.as<float>();
+          view.group_size = 32;
+        }
+        gpu().gemm(xd.as<float>(), m, view, yd.as<float>());
+        const auto y = read(gpu(), yd, size_t(m * n));
+        std::vector<float> want(size_t(m * n));
+        std::vector<double> mag(want.size());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double prod = double(x[size_t(i * k + p)]) * w.values[size_t(j * k + p)];
+              acc += prod;
+              mag[size_t(i * n + j)] += std::fabs(prod);
+            }
+            want[size_t(i * n + j)] = float(acc);
+          }
+        }
+        EXPECT_TRUE(close(y, want, [&](size_t i) { return 2e-5 * mag[i] + 1e-6; }));
+      }
+    }
+  }
+}
+
+// The backend replays a repeated sequence of ops from a captured graph: every repetition must still
+// read the inputs as they are now, and a sequence whose arguments change (another output buffer)
+// must not replay the old one.
+TEST_P(GpuOps, RepeatedOpSequencesReadFreshInputs) {
+  SCOPED_TRACE(seed_note());
+  const int64_t n = pick(100, 300), k = 32 * pick(4, 40);
+  TestWeight w = make_weight(DType::F16, n, k, rng_);
+  DeviceBuffer wd = up(gpu(), w.data), xd = up(gpu(), floats(size_t(k)));
+  DeviceBuffer y1 = poisoned(gpu(), size_t(n)), y2 = poisoned(gpu(), size_t(n));
+  const WeightView view{wd.get(), DType::F16, n, k};
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const auto x = floats(size_t(k));
+    gpu().copy_to_device(xd.get(), x.data(), x.size() * 4);
+    DeviceBuffer& y = round == 4 ? y2 : y1;  // round 4 writes elsewhere; round 5 is round 3's sequence again
+    gpu().gemm(xd.as<float>(), 1, view, y.as<float>());
+    gpu().add(y.as<float>(), y.as<float>(), y.as<float>(), n);
+    const auto got = read(gpu(), y, size_t(n));
+    std::vector<float> want(static_cast<size_t>(n));
+    std::vector<double> mag(want.size());
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double prod = double(x[size_t(p)]) * w.values[size_t(j * k + p)];
+        acc += prod;
+        mag[size_t(j)] += 2 * std::fabs(prod);
+      }
+      want[size_t(j)] = float(2 * acc);
+    }
+    EXPECT_TRUE(close(got, want, [&](size_t i) { return 1e-5 * mag[i] + 1e-6; }));
+  }
+}
+
 // W8A8 quantizes activations per token exactly as the CPU does and accumulates exactly in int32,
 // so the device must give the CPU's results to the last bit.
 TEST_P(GpuOps, GemmInt8EqualsCpuBitForBit) {
   SCOPED_TRACE(seed_note());
   ASSERT_TRUE(gpu().supports(Op::gemm, DType::I8));
   for (int64_t m : {1, 2, 8, 9, 64, 101}) {
-    const int64_t n = pick(1, 300), k = pick(1, 700);
+    // Even m: k a multiple of 16 (the 16-byte GEMV, several rounds per lane); odd m: any k.
+    const int64_t n = pick(1, 300), k = m % 2 == 0 ? 16 * pick(1, 200) : pick(1, 700);
     SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
     TestWeight w = make_weight(DType::I8, n, k, rng_);
     auto x = floats(size_t(m * k), -3, 3);
@@ -314,7 +392,8 @@ TEST_P(GpuOps, RmsNormRopeSoftmaxSiluAddMatchCpu) {
     SCOPED_TRACE("rope head_dim " + std::to_string(head_dim) + " rope_dim " + std::to_string(rope_dim));
     const auto x = floats(size_t(rows * n_heads * head_dim));
     std::vector<int32_t> pos(static_cast<size_t>(rows));
-    for (auto& p : pos) p = int32_t(pick(0, 8191));
+    // Positions on both sides of the backend's table of rotations (8192 positions on CUDA/HIP).
+    for (size_t r = 0; r < pos.size(); ++r) pos[r] = int32_t(r % 2 == 0 ? pick(0, 8191) : pick(8192, 20000));
     auto run = [&](Backend& b) {
       DeviceBuffer xd = up(b, x, kGuard), pd = up(b, pos);
       b.copy_to_device(xd.as<float>() + x.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
@@ -566,6 +645,34 @@ TEST_P(GpuOps, KvWriteAndPagedAttentionMatchCpu) {
   EXPECT_GT(n, 0);
 }
 
+// Long contexts: a lone decode row (whose keys the GPU splits over several blocks and merges) and a
+// long prefill chunk (many row tiles, each walking many key chunks), with and without a window.
+TEST_P(GpuOps, LongDecodeAndLongPrefillAttentionMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  for (DType cache : {DType::F32, DType::F16}) {
+    for (int64_t head_dim : {64, 128}) {
+      for (int64_t window : {int64_t(0), pick(100, 600)}) {
+        const int32_t ctx = int32_t(pick(700, 3000)), chunk = int32_t(pick(100, 300));
+        for (const auto& seqs : std::vector<std::vector<std::pair<int32_t, int32_t>>>{{{1, ctx}}, {{chunk, ctx}}}) {
+          AttnSetup s{8, 2, head_dim, pick(8, 32), window, seqs};
+          SCOPED_TRACE(std::string(dtype_name(cache)) + " head_dim " + std::to_string(head_dim) + " window " +
+                       std::to_string(window) + " q_len " + std::to_string(seqs[0].first) + " context " +
+                       std::to_string(ctx));
+          AttnCase c(s, rng_, 0);
+          c.set_rounding(cache);
+          const AttnRun got = c.run(gpu(), cache, false);
+          const AttnRun want = c.run(cpu(), DType::F32, true);
+          for (size_t i = want.out.size() - kGuard; i < want.out.size(); ++i) {
+            ASSERT_TRUE(std::isnan(got.out[i])) << "attention wrote past its output";
+          }
+          std::vector<float> g(got.out.begin(), got.out.end() - kGuard), w(want.out.begin(), want.out.end() - kGuard);
+          EXPECT_TRUE(close(g, w, [](size_t) { return 2e-5; }));
+        }
+      }
+    }
+  }
+}
+
 TEST_P(GpuOps, BlockSparseAttentionAndBlockScoresMatchCpu) {
   SCOPED_TRACE(seed_note());
   ASSERT_TRUE(gpu().supports(Op::sparse_attention, DType::F32));
@@ -660,10 +767,12 @@ std::vector<std::vector<int32_t>> generate(Pipeline& p, const std::vector<Golden
 }
 
 std::unique_ptr<Pipeline> device_pipeline(const std::string& backend, const std::string& model,
-                                          const nlohmann::json& components = nlohmann::json::object()) {
+                                          const nlohmann::json& components = nlohmann::json::object(),
+                                          const nlohmann::json& backend_params = nlohmann::json::object()) {
   PipelineSpec spec = default_pipeline_spec();
   spec.model = model;
   spec.backend = backend;
+  spec.backend_params = backend_params;
   for (const auto& [kind_text, value] : components.items()) {
     ComponentKind kind;
     if (!parse_kind(kind_text, &kind)) throw Error("bad kind in test: " + kind_text);
@@ -680,11 +789,11 @@ std::unique_ptr<Pipeline> device_pipeline(const std::string& backend, const std:
 TEST_P(GpuOps, Stories260KGreedyTokensEqualTheGoldenFileAloneAndBatched) {
   const auto cases = golden("stories260K-f32.greedy96.json");
   ASSERT_EQ(cases.size(), 5u);
-  for (const char* cache : {"contiguous", "paged"}) {
-    SCOPED_TRACE(cache);
+  for (const auto& [cache, graphs] : {std::pair{"contiguous", true}, {"paged", true}, {"paged", false}}) {
+    SCOPED_TRACE(std::string(cache) + (graphs ? "" : ", graphs: false"));
     nlohmann::json comps = {{"cache", {{"plugin", cache}}}};
     if (std::string(cache) == "paged") comps["cache"]["memory"] = "64MiB";
-    auto p = device_pipeline(GetParam(), test::kStoriesF32, comps);
+    auto p = device_pipeline(GetParam(), test::kStoriesF32, comps, {{"graphs", graphs}});
     ASSERT_EQ(p->backend().name(), GetParam());
     for (bool together : {false, true}) {
       const auto got = generate(*p, cases, together);
