@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -141,7 +142,7 @@ class GpuBackend final : public Backend {
   ~GpuBackend() override {
     (void)cudaSetDevice(device_);
     try {
-      if (queue_) queue_->flush();  // what was asked for still happens
+      if (queue_) flush_all();  // what was asked for still happens
     } catch (const Error&) {
     }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
@@ -197,7 +198,7 @@ class GpuBackend final : public Backend {
     if (ptr == nullptr) return;
     (void)cudaSetDevice(device_);
     try {
-      queue_->flush();  // queued ops may still use this memory
+      flush_all();  // queued ops may still use this memory
     } catch (const Error&) {
       if (!deferred_error_) deferred_error_ = std::current_exception();  // reported at the next copy or sync
     }
@@ -261,6 +262,14 @@ class GpuBackend final : public Backend {
   }
 
   void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps) override {
+    if (held_add_ && held_add_->out == x && held_add_->n == rows * dim &&
+        add_rms_norm_fits(held_add_->a, held_add_->b, x, out, weight, dim)) {
+      const HeldAdd h = *held_add_;
+      held_add_.reset();
+      enqueue("add + rms_norm", [=](cudaStream_t s) { gpu::add_rms_norm(h.a, h.b, h.out, weight, out, rows, dim, eps, s); },
+              h.a, h.b, h.out, weight, out, rows, dim, eps);
+      return;
+    }
     enqueue("rms_norm", [=](cudaStream_t s) { gpu::rms_norm(x, weight, out, rows, dim, eps, s); }, x, weight, out,
             rows, dim, eps);
   }
@@ -270,17 +279,23 @@ class GpuBackend final : public Backend {
       throw Error(kBackend + " rope: rope_dim " + std::to_string(rope_dim) + " must be even and at most head_dim " +
                   std::to_string(head_dim));
     }
-    const float* table = rope_table(rope_dim, theta);
-    const bool neox = style == RopeStyle::neox;
-    enqueue("rope", [=](cudaStream_t s) {
-      gpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, neox, table, kRopeTablePositions, s);
-    }, x, positions, rows, n_heads, head_dim, rope_dim, theta, neox, table);
+    const HeldRope r{x, positions, rows, n_heads, head_dim, rope_dim, theta, style == RopeStyle::neox,
+                     rope_table(rope_dim, theta)};
+    if (held_rope_ && held_rope_->same_rotation(r) && held_rope_->x != x) {  // a step's keys after its queries
+      const HeldRope q = *held_rope_;
+      held_rope_.reset();
+      enqueue_rope(q, r.x, r.n_heads);
+      return;
+    }
+    release_held();
+    held_rope_ = r;
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     enqueue("silu_mul", [=](cudaStream_t s) { gpu::silu_mul(gate, up, out, n, s); }, gate, up, out, n);
   }
   void add(const float* a, const float* b, float* out, int64_t n) override {
-    enqueue("add", [=](cudaStream_t s) { gpu::add(a, b, out, n, s); }, a, b, out, n);
+    release_held();
+    held_add_ = HeldAdd{a, b, out, n};  // launched with the next op, or fused into it if that is its norm
   }
   void softmax(float* x, int64_t rows, int64_t cols) override {
     enqueue("softmax", [=](cudaStream_t s) { gpu::softmax(x, rows, cols, s); }, x, rows, cols);
@@ -324,13 +339,59 @@ class GpuBackend final : public Backend {
   // Queues a launch; `key` lists every value `launch` uses (LaunchKey).
   template <class F, class... T>
   void enqueue(const char* op, F&& launch, const T&... key) {
+    release_held();
     activate();  // the queue may launch a full segment now
     queue_->push(op, std::forward<F>(launch), key...);
   }
+
+  // The last add or rope is held back one call, to be fused with what a decode step calls next
+  // (add then the norm of its sum: one pass; the queries' rope then the keys': one launch). Every
+  // other path releases it first, so the stream order is the call order.
+  struct HeldAdd {
+    const float* a;
+    const float* b;
+    float* out;
+    int64_t n;
+  };
+  struct HeldRope {
+    float* x;
+    const int32_t* positions;
+    int64_t rows, n_heads, head_dim, rope_dim;
+    float theta;
+    bool neox;
+    const float* table;
+    bool same_rotation(const HeldRope& o) const {
+      return positions == o.positions && rows == o.rows && head_dim == o.head_dim && rope_dim == o.rope_dim &&
+             theta == o.theta && neox == o.neox && table == o.table;
+    }
+  };
+  void enqueue_rope(const HeldRope& r, float* x2, int64_t n_heads2) {
+    enqueue("rope", [=](cudaStream_t s) {
+      gpu::rope(r.x, r.n_heads, x2, n_heads2, r.positions, r.rows, r.head_dim, r.rope_dim, r.theta, r.neox, r.table,
+                kRopeTablePositions, s);
+    }, r.x, r.n_heads, x2, n_heads2, r.positions, r.rows, r.head_dim, r.rope_dim, r.theta, r.neox, r.table);
+  }
+  void release_held() {
+    if (held_add_) {
+      const HeldAdd h = *held_add_;
+      held_add_.reset();
+      enqueue("add", [=](cudaStream_t s) { gpu::add(h.a, h.b, h.out, h.n, s); }, h.a, h.b, h.out, h.n);
+    }
+    if (held_rope_) {
+      const HeldRope r = *held_rope_;
+      held_rope_.reset();
+      enqueue_rope(r, nullptr, 0);
+    }
+  }
+  void flush_all() {
+    release_held();
+    queue_->flush();
+  }
+
   // Launches what is queued, then reports an error a free could not throw.
   void drain_queue() {
     activate();
-    queue_->flush();
+    flush_all();
     if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
   }
   [[noreturn]] static void unsupported(const char* op, DType t) {
@@ -358,7 +419,7 @@ class GpuBackend final : public Backend {
       activate();
       const size_t bytes = size_t(kRopeTablePositions * (rope_dim / 2)) * 2 * sizeof(float);
       float* table = static_cast<float*>(scratch(rope_table_, bytes));
-      queue_->flush();  // queued ropes read the old table
+      flush_all();  // queued ropes read the old table
       fill_rope_table(table, kRopeTablePositions, rope_dim, theta, stream_);
       check(cudaGetLastError(), "rope table launch");
       rope_table_dim_ = rope_dim;
@@ -370,7 +431,7 @@ class GpuBackend final : public Backend {
   void* scratch(Scratch& s, size_t bytes) {
     if (bytes > s.bytes) {
       activate();
-      queue_->flush();                                          // queued ops may use the old buffer
+      flush_all();                                              // queued ops may use the old buffer
       check(cudaStreamSynchronize(stream_), "scratch resize");  // and earlier kernels still read it
       if (s.ptr != nullptr) check(cudaFree(s.ptr), TESSERA_GPU_API "Free");
       s.ptr = nullptr;
@@ -518,6 +579,8 @@ class GpuBackend final : public Backend {
 #endif
   std::unique_ptr<LaunchQueue> queue_;  // after blas_: destroyed first; the destructor drains it before that
   std::exception_ptr deferred_error_;
+  std::optional<HeldAdd> held_add_;
+  std::optional<HeldRope> held_rope_;
 };
 
 std::unique_ptr<Backend> create_backend(const Params& params) {

@@ -93,11 +93,19 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStr
 // out[r] = x[r] / rms(x[r]) * weight; out may equal x.
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
               cudaStream_t stream);
-// Rotations of the first `table_positions` positions come from `table` (made by fill_rope_table
-// with the same rope_dim and theta: cos and sin of pair i at position p at [2 * (p * rope_dim / 2 + i)]);
-// later positions, or all when table is null, are computed in the kernel.
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
-          int64_t rope_dim, float theta, bool neox, const float* table, int64_t table_positions,
+// sum = a + b, then out[r] = sum[r] / rms(sum[r]) * weight, in one pass (a residual add and the
+// next norm); sum may equal a, out may equal b. Only where add_rms_norm_fits(sum, out, weight, dim).
+bool add_rms_norm_fits(const void* a, const void* b, const void* sum, const void* out, const void* weight,
+                       int64_t dim);
+void add_rms_norm(const float* a, const float* b, float* sum, const float* weight, float* out, int64_t rows,
+                  int64_t dim, float eps, cudaStream_t stream);
+// Rotates x ([rows][n_heads][head_dim]) and, when x2 is not null, x2 ([rows][n_heads2][head_dim],
+// the same positions: a step's queries and keys in one launch). Rotations of the first
+// `table_positions` positions come from `table` (made by fill_rope_table with the same rope_dim and
+// theta: cos and sin of pair i at position p at [2 * (p * rope_dim / 2 + i)]); later positions, or
+// all when table is null, are computed in the kernel.
+void rope(float* x, int64_t n_heads, float* x2, int64_t n_heads2, const int32_t* positions, int64_t rows,
+          int64_t head_dim, int64_t rope_dim, float theta, bool neox, const float* table, int64_t table_positions,
           cudaStream_t stream);
 void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float theta, cudaStream_t stream);
 void softmax(float* x, int64_t rows, int64_t cols, cudaStream_t stream);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "tessera/error.h"
@@ -77,7 +78,13 @@ struct Model::Layer {
 struct Model::Scratch {
   int64_t capacity = 0;  // tokens
   int64_t logit_capacity = 0;
-  DeviceBuffer x, xb, q, k, v, att, hb, hb2, qkv, gate_up, ids, positions, slots, seqs, block_tables, logits;
+  DeviceBuffer x, xb, q, k, v, att, hb, hb2, qkv, gate_up, logits;
+  // A step's token ids, positions, KV slots, sequence descriptors and block tables, uploaded as one
+  // buffer (one copy, one wait on a device), each part at a 64-byte aligned offset.
+  DeviceBuffer step;
+  const int32_t *ids = nullptr, *positions = nullptr, *slots = nullptr, *block_tables = nullptr;
+  const AttentionSeqDesc* seqs = nullptr;
+  std::vector<uint8_t> host_step;
   std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
   std::vector<AttentionSeqDesc> host_seqs;
 };
@@ -273,18 +280,39 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
     for (int64_t i = n - wanted; i < n; ++i) s.host_logit_rows.push_back(row + static_cast<int32_t>(i));
     row += static_cast<int32_t>(n);
   }
-  // Buffers grow to powers of two, so that their addresses (part of what a GPU backend's captured
-  // decode step replays) change a few times per sequence, not with every new cache block.
-  auto up = [&](DeviceBuffer& buf, const auto& vec) {
-    const size_t bytes = vec.size() * sizeof(vec[0]);
-    buf.ensure(backend_, std::bit_ceil(std::max<size_t>(bytes, 64)));
-    if (bytes) buf.upload(vec.data(), bytes);
+  // The block tables, whose size changes as sequences grow, go last: the other parts keep their
+  // offsets while the batch keeps its shape, and the buffer grows to powers of two, so their
+  // addresses (part of what a GPU backend's captured decode step replays) rarely change.
+  size_t at = 0;
+  std::vector<size_t> offsets;
+  auto place = [&](const auto& vec) {
+    offsets.push_back(at);
+    at += (vec.size() * sizeof(vec[0]) + 63) / 64 * 64;
   };
-  up(s.ids, s.host_ids);
-  up(s.positions, s.host_positions);
-  up(s.slots, s.host_slots);
-  up(s.block_tables, s.host_tables);
-  up(s.seqs, s.host_seqs);
+  place(s.host_ids);
+  place(s.host_positions);
+  place(s.host_slots);
+  place(s.host_seqs);
+  place(s.host_tables);
+  s.host_step.resize(at);
+  size_t part = 0;
+  auto copy = [&](const auto& vec) {
+    if (!vec.empty()) std::memcpy(s.host_step.data() + offsets[part], vec.data(), vec.size() * sizeof(vec[0]));
+    ++part;
+  };
+  copy(s.host_ids);
+  copy(s.host_positions);
+  copy(s.host_slots);
+  copy(s.host_seqs);
+  copy(s.host_tables);
+  s.step.ensure(backend_, std::bit_ceil(std::max<size_t>(at, 64)));
+  if (at > 0) s.step.upload(s.host_step.data(), at);
+  const auto* base = s.step.as<uint8_t>();
+  s.ids = reinterpret_cast<const int32_t*>(base + offsets[0]);
+  s.positions = reinterpret_cast<const int32_t*>(base + offsets[1]);
+  s.slots = reinterpret_cast<const int32_t*>(base + offsets[2]);
+  s.seqs = reinterpret_cast<const AttentionSeqDesc*>(base + offsets[3]);
+  s.block_tables = reinterpret_cast<const int32_t*>(base + offsets[4]);
 }
 
 void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
@@ -320,8 +348,8 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     s.capacity = cap;
   }
   upload_step(batch, cache);
-  const auto* ids = s.ids.as<int32_t>();
-  const auto* pos = s.positions.as<int32_t>();
+  const int32_t* ids = s.ids;
+  const int32_t* pos = s.positions;
   float* x = s.x.as<float>();
   float* xb = s.xb.as<float>();
   float* att = s.att.as<float>();
@@ -352,9 +380,9 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
 
   AttentionStep step;
   step.n_tokens = T;
-  step.slots = s.slots.as<int32_t>();
-  step.seqs = s.seqs.as<AttentionSeqDesc>();
-  step.block_tables = s.block_tables.as<int32_t>();
+  step.slots = s.slots;
+  step.seqs = s.seqs;
+  step.block_tables = s.block_tables;
   step.host_seqs = s.host_seqs;
   for (const auto& d : s.host_seqs) {
     step.max_q_len = std::max(step.max_q_len, d.q_len);

@@ -1,8 +1,8 @@
-// Dense paged attention (no block-sparse layout, head size up to 128), flash-style in tiles: a block
-// takes R rows (query x head-of-the-group pairs of one kv head, as in attention_gpu.cu) against
-// chunks of kKeys keys, all through shared memory, each thread owning a few rows x keys of the score
-// tile and the same rows x a few dimensions of the output. Prefill tiles get 64 rows, so each K/V
-// chunk loaded serves 64 rows; decode gets 16 (one query group).
+// Dense paged attention (no block-sparse layout, head size a multiple of 4 up to 128), flash-style
+// in tiles: a block takes R rows (query x head-of-the-group pairs of one kv head, as in
+// attention_gpu.cu) against chunks of kKeys keys, all through shared memory, each thread owning a
+// few rows x keys of the score tile and the same rows x a few dimensions of the output. Prefill tiles
+// get 64 rows, so each K/V chunk loaded serves 64 rows; decode gets 16 (one query group).
 //
 // Split keys: when a launch has too few blocks to fill the GPU (decode: one block per sequence and
 // kv head), each (sequence, kv head, tile) is split over several blocks by key chunks; each writes
@@ -25,21 +25,32 @@ constexpr int kTargetBlocks = 264;   // about two blocks per SM of an H100/H200
 
 template <int kRowReps, int kDimReps>
 struct Tile {
-  static constexpr int R = 16 * kRowReps;   // rows
+  static constexpr int R = 16 * kRowReps;   // rows; thread ty owns rows kRowReps * ty ...
   static constexpr int HD = 16 * kDimReps;  // largest head size
-  static constexpr int kQ = HD * (R + 1);   // q transposed: [HD][R + 1]
-  static constexpr int kK = HD * (kKeys + 1);  // k transposed: [HD][kKeys + 1]
-  static constexpr int kV = kKeys * HD;        // v: [kKeys][HD]
-  static constexpr int kP = kKeys * (R + 1);   // probabilities transposed: [kKeys][R + 1]
+  static constexpr int kVecs = HD / 64;     // float4s of output dimensions per thread
+  static constexpr int QP = HD + 4;         // row pitch of q and k: 16-byte rows, no bank conflicts
+  static constexpr int PP = R + 4;          // row pitch of the probabilities
+  static constexpr int kQ = R * QP;         // q: [R][QP]
+  static constexpr int kK = kKeys * QP;     // k: [kKeys][QP]
+  static constexpr int kV = kKeys * HD;     // v: [kKeys][HD]
+  static constexpr int kP = kKeys * PP;     // probabilities, transposed: [kKeys][PP]
   static constexpr size_t kSmem = size_t(kQ + kK + kV + kP) * sizeof(float);
 };
 
-// One row tile (this split's share of its keys); every thread of the block calls it.
+__device__ inline float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// One row tile (this split's share of its keys); every thread of the block calls it. Shared memory
+// is read in float4s: a thread's rows are consecutive, and so are its output dimensions.
 template <class T, int kRowReps, int kDimReps>
 __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, int tiles, int split, int splits,
                             float* __restrict__ partial, float* smem, int64_t* key_base) {
   using TL = Tile<kRowReps, kDimReps>;
-  constexpr int R = TL::R, HD = TL::HD;
+  constexpr int R = TL::R, HD = TL::HD, QP = TL::QP, PP = TL::PP, kVecs = TL::kVecs;
   float* qs = smem;
   float* ks = qs + TL::kQ;
   float* vs = ks + TL::kK;
@@ -66,21 +77,21 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
       const int64_t f = f0 + r;
       v = a.q[(s.q_start + f / group) * q_stride + (h * group + f % group) * hd + d];
     }
-    qs[d * (R + 1) + r] = v;
+    qs[r * QP + d] = v;
   }
 
-  // This thread's rows: ty + 16 q.
-  int64_t pos[kRowReps], lo[kRowReps];
-  float m[kRowReps], l[kRowReps], o[kRowReps][kDimReps];
+  // This thread's rows: kRowReps * ty + q.
+  int32_t pos[kRowReps], lo[kRowReps];  // positions fit int32 (AttentionSeqDesc holds them so)
+  float m[kRowReps], l[kRowReps], o[kRowReps][4 * kVecs];
 #pragma unroll
   for (int q = 0; q < kRowReps; ++q) {
-    const int r = ty + 16 * q;
-    pos[q] = r < nrows ? first_pos + (f0 + r) / group : -1;  // -1: no key is allowed
-    lo[q] = a.window > 0 ? max(int64_t(0), pos[q] - a.window + 1) : 0;
+    const int r = kRowReps * ty + q;
+    pos[q] = r < nrows ? int32_t(first_pos + (f0 + r) / group) : -1;  // -1: no key is allowed
+    lo[q] = a.window > 0 ? int32_t(max(int64_t(0), int64_t(pos[q]) - a.window + 1)) : 0;
     m[q] = -INFINITY;
     l[q] = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kDimReps; ++p) o[q][p] = 0.0f;
+    for (int c = 0; c < 4 * kVecs; ++c) o[q][c] = 0.0f;
   }
 
   // The block's keys: from the first row's window start to the last row's position, in chunks;
@@ -109,30 +120,33 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
         kval = CacheElem<T>::load(static_cast<const T*>(kv.k), idx);
         vval = CacheElem<T>::load(static_cast<const T*>(kv.v), idx);
       }
-      ks[d * (kKeys + 1) + j] = kval;
+      ks[j * QP + d] = kval;
       vs[j * HD + d] = vval;
     }
     __syncthreads();
 
+    // Scores of this thread's rows against keys tx and tx + 16.
     float sc[kRowReps][2];
 #pragma unroll
     for (int q = 0; q < kRowReps; ++q) sc[q][0] = sc[q][1] = 0.0f;
-    for (int64_t d = 0; d < hd; ++d) {
-      const float k0 = ks[d * (kKeys + 1) + tx], k1 = ks[d * (kKeys + 1) + tx + 16];
+    for (int64_t d = 0; d < hd; d += 4) {
+      const float4 k0 = *reinterpret_cast<const float4*>(ks + tx * QP + d);
+      const float4 k1 = *reinterpret_cast<const float4*>(ks + (tx + 16) * QP + d);
 #pragma unroll
       for (int q = 0; q < kRowReps; ++q) {
-        const float qv = qs[d * (R + 1) + ty + 16 * q];
-        sc[q][0] += qv * k0;
-        sc[q][1] += qv * k1;
+        const float4 qv = *reinterpret_cast<const float4*>(qs + (kRowReps * ty + q) * QP + d);
+        sc[q][0] = dot4(qv, k0, sc[q][0]);
+        sc[q][1] = dot4(qv, k1, sc[q][1]);
       }
     }
+    float p0[kRowReps], p1[kRowReps];
 #pragma unroll
     for (int q = 0; q < kRowReps; ++q) {
       float mx = -INFINITY;
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         const int j = tx + 16 * p;
-        const int64_t key = c0 + j;
+        const int32_t key = int32_t(c0) + j;
         const bool allowed = j < n_c && key <= pos[q] && key >= lo[q];
         sc[q][p] = allowed ? sc[q][p] * scale : -INFINITY;
         mx = fmaxf(mx, sc[q][p]);
@@ -142,9 +156,9 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
       for (int off = 8; off > 0; off /= 2) mx = fmaxf(mx, shfl_xor(mx, off));
       const float new_m = fmaxf(m[q], mx);
       const bool any = new_m != -INFINITY;  // uniform over the row's lanes, not over the warp
-      const float p0 = any && sc[q][0] != -INFINITY ? expf(sc[q][0] - new_m) : 0.0f;
-      const float p1 = any && sc[q][1] != -INFINITY ? expf(sc[q][1] - new_m) : 0.0f;
-      float sum = p0 + p1;
+      p0[q] = any && sc[q][0] != -INFINITY ? expf(sc[q][0] - new_m) : 0.0f;
+      p1[q] = any && sc[q][1] != -INFINITY ? expf(sc[q][1] - new_m) : 0.0f;
+      float sum = p0[q] + p1[q];
 #pragma unroll
       for (int off = 8; off > 0; off /= 2) sum += shfl_xor(sum, off);  // every lane: no divergence here
       if (any) {
@@ -152,37 +166,56 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
         l[q] = l[q] * corr + sum;
         m[q] = new_m;
 #pragma unroll
-        for (int p = 0; p < kDimReps; ++p) o[q][p] *= corr;
+        for (int c = 0; c < 4 * kVecs; ++c) o[q][c] *= corr;
       }
-      ps[tx * (R + 1) + ty + 16 * q] = p0;
-      ps[(tx + 16) * (R + 1) + ty + 16 * q] = p1;
+    }
+    if constexpr (kRowReps == 4) {
+      *reinterpret_cast<float4*>(ps + tx * PP + 4 * ty) = make_float4(p0[0], p0[1], p0[2], p0[3]);
+      *reinterpret_cast<float4*>(ps + (tx + 16) * PP + 4 * ty) = make_float4(p1[0], p1[1], p1[2], p1[3]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < kRowReps; ++q) {
+        ps[tx * PP + kRowReps * ty + q] = p0[q];
+        ps[(tx + 16) * PP + kRowReps * ty + q] = p1[q];
+      }
     }
     __syncthreads();
     for (int j = 0; j < n_c; ++j) {
-      float vv[kDimReps];
+      float pj[kRowReps];
+      if constexpr (kRowReps == 4) {
+        const float4 p4 = *reinterpret_cast<const float4*>(ps + j * PP + 4 * ty);
+        pj[0] = p4.x, pj[1] = p4.y, pj[2] = p4.z, pj[3] = p4.w;
+      } else {
 #pragma unroll
-      for (int p = 0; p < kDimReps; ++p) vv[p] = vs[j * HD + tx + 16 * p];
+        for (int q = 0; q < kRowReps; ++q) pj[q] = ps[j * PP + kRowReps * ty + q];
+      }
 #pragma unroll
-      for (int q = 0; q < kRowReps; ++q) {
-        const float pj = ps[j * (R + 1) + ty + 16 * q];
+      for (int v = 0; v < kVecs; ++v) {
+        const float4 vv = *reinterpret_cast<const float4*>(vs + j * HD + 64 * v + 4 * tx);
 #pragma unroll
-        for (int p = 0; p < kDimReps; ++p) o[q][p] += pj * vv[p];
+        for (int q = 0; q < kRowReps; ++q) {
+          o[q][4 * v] = fmaf(pj[q], vv.x, o[q][4 * v]);
+          o[q][4 * v + 1] = fmaf(pj[q], vv.y, o[q][4 * v + 1]);
+          o[q][4 * v + 2] = fmaf(pj[q], vv.z, o[q][4 * v + 2]);
+          o[q][4 * v + 3] = fmaf(pj[q], vv.w, o[q][4 * v + 3]);
+        }
       }
     }
   }
 
+  // Output dimension of o[q][4 v + c]: 64 v + 4 tx + c.
 #pragma unroll
   for (int q = 0; q < kRowReps; ++q) {
-    const int r = ty + 16 * q;
+    const int r = kRowReps * ty + q;
     if (r >= nrows) continue;
     if (splits == 1) {
       const int64_t f = f0 + r;
       float* out = a.out + (s.q_start + f / group) * q_stride + (h * group + f % group) * hd;
       const float inv = 1.0f / l[q];
 #pragma unroll
-      for (int p = 0; p < kDimReps; ++p) {
-        const int64_t d = tx + 16 * p;
-        if (d < hd) out[d] = o[q][p] * inv;
+      for (int c = 0; c < 4 * kVecs; ++c) {
+        const int64_t d = 64 * (c / 4) + 4 * tx + c % 4;
+        if (d < hd) out[d] = o[q][c] * inv;
       }
     } else {
       // partial[(((seq * kv heads + h) * tiles + tile) * splits + split) * R + r] holds m, l, o[HD].
@@ -193,7 +226,7 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
         rec[1] = l[q];
       }
 #pragma unroll
-      for (int p = 0; p < kDimReps; ++p) rec[2 + tx + 16 * p] = o[q][p];
+      for (int c = 0; c < 4 * kVecs; ++c) rec[2 + 64 * (c / 4) + 4 * tx + c % 4] = o[q][c];
     }
   }
 }
@@ -202,7 +235,7 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
 // opposite ends (p and tiles - 1 - p): every block does about the same work, instead of the launch
 // lasting as long as its last tile alone.
 template <class T, int kRowReps, int kDimReps>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     dense_attention_kernel(AttnParams a, KvPools kv, int tiles, int splits, float* __restrict__ partial) {
   extern __shared__ float smem[];
   __shared__ int64_t key_base[kKeys];
@@ -297,7 +330,7 @@ int32_t attention_context_bucket(int32_t max_context_len) {
 }
 
 bool dense_attention_applies(const AttnParams& a, const KvPools& kv) {
-  return a.sparse_block <= 0 && kv.head_dim <= 128;
+  return a.sparse_block <= 0 && kv.head_dim <= 128 && kv.head_dim % 4 == 0;  // float4 rows
 }
 
 size_t dense_attention_scratch_bytes(const AttnParams& a, const KvPools& kv) {

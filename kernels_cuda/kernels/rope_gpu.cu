@@ -25,16 +25,18 @@ __global__ void rope_table_kernel(float* table, int64_t positions, int64_t rope_
   }
 }
 
-// One block per row; threads walk the (head, pair) grid of the row.
-__global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int64_t rows, int64_t n_heads,
-                            int64_t head_dim, int64_t rope_dim, float theta, bool neox,
-                            const float* __restrict__ table, int64_t table_positions) {
+// One block per row; threads walk the (head, pair) grid of the row, over x's heads and then x2's.
+__global__ void rope_kernel(float* x, int64_t n_heads, float* x2, int64_t n_heads2,
+                            const int32_t* __restrict__ positions, int64_t rows, int64_t head_dim, int64_t rope_dim,
+                            float theta, bool neox, const float* __restrict__ table, int64_t table_positions) {
   const int64_t half = rope_dim / 2;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t pos = positions[r];
     const bool tabled = pos >= 0 && pos < table_positions;
-    for (int64_t e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
-      const int64_t h = e / half, i = e % half;
+    for (int64_t e = threadIdx.x; e < (n_heads + n_heads2) * half; e += blockDim.x) {
+      const int64_t hh = e / half, i = e % half;
+      const bool first = hh < n_heads;
+      const int64_t h = first ? hh : hh - n_heads;
       float c, s;
       if (tabled) {
         c = table[2 * (pos * half + i)];
@@ -42,7 +44,7 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ positions, int
       } else {
         rope_angle(pos, i, rope_dim, theta, &c, &s);
       }
-      float* v = x + (r * n_heads + h) * head_dim;
+      float* v = first ? x + (r * n_heads + h) * head_dim : x2 + (r * n_heads2 + h) * head_dim;
       const int64_t i0 = neox ? i : 2 * i;
       const int64_t i1 = neox ? i + half : 2 * i + 1;
       const float a0 = v[i0], b0 = v[i1];
@@ -60,11 +62,13 @@ void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float th
       table, positions, rope_dim, theta);
 }
 
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
-          float theta, bool neox, const float* table, int64_t table_positions, cudaStream_t stream) {
-  if (rows <= 0 || n_heads <= 0 || rope_dim < 2) return;
-  rope_kernel<<<capped_grid(rows), kBlock, 0, stream>>>(x, positions, rows, n_heads, head_dim, rope_dim, theta, neox,
-                                                        table, table_positions);
+void rope(float* x, int64_t n_heads, float* x2, int64_t n_heads2, const int32_t* positions, int64_t rows,
+          int64_t head_dim, int64_t rope_dim, float theta, bool neox, const float* table, int64_t table_positions,
+          cudaStream_t stream) {
+  if (x2 == nullptr) n_heads2 = 0;
+  if (rows <= 0 || n_heads + n_heads2 <= 0 || rope_dim < 2) return;
+  rope_kernel<<<capped_grid(rows), kBlock, 0, stream>>>(x, n_heads, x2, n_heads2, positions, rows, head_dim, rope_dim,
+                                                        theta, neox, table, table_positions);
 }
 
 }  // namespace tessera::gpu

@@ -433,6 +433,50 @@ TEST_P(GpuOps, RmsNormRopeSoftmaxSiluAddMatchCpu) {
   }
 }
 
+// A decode step's neighbours the GPU backends launch as one kernel: a residual add and the norm of
+// its sum (in place, the norm written over the add's second input, as the model calls them), and the
+// queries' rope then the keys' at the same positions.
+TEST_P(GpuOps, FusedNeighbourOpsMatchCpu) {
+  SCOPED_TRACE(seed_note());
+  const int64_t rows = pick(1, 8);
+  for (int64_t dim : {pick(1, 600) * 4, pick(1, 3000)}) {
+    SCOPED_TRACE("add + rms_norm dim " + std::to_string(dim));
+    const auto a = floats(size_t(rows * dim), -2, 2), b = floats(size_t(rows * dim), -2, 2);
+    const auto w = floats(size_t(dim), 0.5f, 1.5f);
+    auto run = [&](Backend& be) {
+      DeviceBuffer ad = up(be, a, kGuard), bd = up(be, b, kGuard), wd = up(be, w);
+      be.copy_to_device(ad.as<float>() + a.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      be.copy_to_device(bd.as<float>() + b.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      be.add(ad.as<float>(), bd.as<float>(), ad.as<float>(), rows * dim);
+      be.rms_norm(ad.as<float>(), wd.as<float>(), bd.as<float>(), rows, dim, 1e-5f);
+      return std::pair{read(be, ad, a.size()), read(be, bd, b.size())};
+    };
+    const auto [sum, norm] = run(gpu());
+    const auto [want_sum, want_norm] = run(cpu());
+    EXPECT_TRUE(close(sum, want_sum, [](size_t) { return 0.0; })) << "sum";
+    EXPECT_TRUE(close(norm, want_norm, [&](size_t i) { return 1e-5 * std::fabs(want_norm[i]) + 1e-6; })) << "norm";
+  }
+  {
+    const int64_t head_dim = 2 * pick(1, 64), n_q = pick(1, 8), n_k = pick(1, 4);
+    SCOPED_TRACE("two ropes, head_dim " + std::to_string(head_dim));
+    const auto q = floats(size_t(rows * n_q * head_dim)), k = floats(size_t(rows * n_k * head_dim));
+    std::vector<int32_t> pos(static_cast<size_t>(rows));
+    for (auto& p : pos) p = int32_t(pick(0, 9000));
+    auto run = [&](Backend& be) {
+      DeviceBuffer qd = up(be, q, kGuard), kd = up(be, k, kGuard), pd = up(be, pos);
+      be.copy_to_device(qd.as<float>() + q.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      be.copy_to_device(kd.as<float>() + k.size(), std::vector<float>(kGuard, std::nanf("")).data(), kGuard * 4);
+      be.rope(qd.as<float>(), pd.as<int32_t>(), rows, n_q, head_dim, head_dim, 10000.0f, RopeStyle::neox);
+      be.rope(kd.as<float>(), pd.as<int32_t>(), rows, n_k, head_dim, head_dim, 10000.0f, RopeStyle::neox);
+      return std::pair{read(be, qd, q.size()), read(be, kd, k.size())};
+    };
+    const auto [gq, gk] = run(gpu());
+    const auto [cq, ck] = run(cpu());
+    EXPECT_TRUE(close(gq, cq, [](size_t) { return 2e-6; })) << "queries";
+    EXPECT_TRUE(close(gk, ck, [](size_t) { return 2e-6; })) << "keys";
+  }
+}
+
 TEST_P(GpuOps, ArgmaxEqualsCpuIncludingTies) {
   SCOPED_TRACE(seed_note());
   const int64_t rows = pick(1, 64), cols = pick(1, 70000);
