@@ -492,6 +492,7 @@ class GpuBackend final : public Backend {
     }
 #endif
     enqueue("gemm (i8)", [=](cudaStream_t s) {
+      if (gemv_i8_fused(x, m, wd, ws, n, k, y, s)) return;
       quantize_rows_i8(x, m, k, xq, sx, s);
       gpu::gemm_i8(xq, sx, m, wd, ws, n, k, y, s);
     }, x, m, k, xq, sx, wd, ws, n, y);

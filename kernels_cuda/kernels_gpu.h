@@ -122,6 +122,11 @@ void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t 
 void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* sx, cudaStream_t stream);
 void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
              int64_t k, float* y, cudaStream_t stream);
+// W8A8 for m <= 8 (decode) in one launch, the activations quantized by each block as
+// quantize_rows_i8 would (same bits as the two calls); false, launching nothing, for shapes it
+// does not take (k not a multiple of 16, m * k past 40 KiB, unaligned rows).
+bool gemv_i8_fused(const float* x, int64_t m, const int8_t* w, const float* w_scales, int64_t n, int64_t k, float* y,
+                   cudaStream_t stream);
 // The dequantization of an exact int32 product made elsewhere (vendor BLAS): the same one gemm_i8 fuses.
 void scale_i32(const int32_t* acc, const float* sx, const float* w_scales, int64_t m, int64_t n, float* y,
                cudaStream_t stream);

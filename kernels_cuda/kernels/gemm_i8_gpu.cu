@@ -165,6 +165,80 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* _
   }
 }
 
+// Decode without a separate quantization launch: each block quantizes the activation rows itself
+// into shared memory (the arithmetic of quantize_rows_vec_kernel, so the same int8 values and
+// scales) and then runs gemv_i8_vec_kernel's loop against them. Every block redoes the few
+// kilobytes of quantization, from L2; one launch fewer per product is worth more in a decode step.
+constexpr int64_t kFusedMaxBytes = 40 * 1024;  // m * k int8 activations in shared memory
+
+template <int kM, int kVecDepth>
+__global__ void __launch_bounds__(kGemvBlock) gemv_i8_fused_kernel(const float* __restrict__ x, int m,
+                                                                  const int8_t* __restrict__ w,
+                                                                  const float* __restrict__ w_scales, int64_t n,
+                                                                  int64_t k, float* __restrict__ y) {
+  extern __shared__ int4 xs4[];
+  __shared__ float scratch[32];
+  __shared__ float sxs[kM];
+  auto* xs = reinterpret_cast<uint32_t*>(xs4);
+  const int64_t vecs = k / 4;
+  for (int i = 0; i < m; ++i) {
+    const float4* xr = reinterpret_cast<const float4*>(x + i * k);
+    float amax = 0;
+    for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
+      const float4 v = xr[c];
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    amax = block_max(amax, scratch);
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) xs[i * vecs + c] = quantize4(xr[c], inv);
+    if (threadIdx.x == 0) sxs[i] = amax / 127.0f;
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int64_t units = k / 16;
+  const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
+  for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
+    const int4* wr = reinterpret_cast<const int4*>(w + j * k);
+    int acc[kM];
+#pragma unroll
+    for (int i = 0; i < kM; ++i) acc[i] = 0;
+    for (int64_t u0 = lane; u0 < units; u0 += int64_t(kVecDepth) * kWarpSize) {
+      int4 wv[kVecDepth];
+#pragma unroll
+      for (int d = 0; d < kVecDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u < units) wv[d] = wr[u];
+      }
+#pragma unroll
+      for (int d = 0; d < kVecDepth; ++d) {
+        const int64_t u = u0 + int64_t(d) * kWarpSize;
+        if (u >= units) break;
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          if (i < m) {
+            const int4 xv = xs4[i * units + u];
+            int s = acc[i];
+            s = dp4a(xv.x, wv[d].x, s);
+            s = dp4a(xv.y, wv[d].y, s);
+            s = dp4a(xv.z, wv[d].z, s);
+            s = dp4a(xv.w, wv[d].w, s);
+            acc[i] = s;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      if (i < m) {
+        const int s = warp_sum(acc[i]);
+        if (lane == 0) y[i * n + j] = float(s) * (sxs[i] * w_scales[j]);
+      }
+    }
+  }
+}
+
 // Larger m: 64 x 64 output tiles, k in steps of 32 bytes (8 words) through shared memory.
 constexpr int kTileM = 64, kTileN = 64, kTileWords = 8, kTileThreads = 256;
 
@@ -241,6 +315,23 @@ void quantize_rows_i8(const float* x, int64_t m, int64_t k, int8_t* xq, float* s
   } else {
     quantize_rows_kernel<<<capped_grid(m), kQuantBlock, 0, stream>>>(x, m, k, xq, sx);
   }
+}
+
+bool gemv_i8_fused(const float* x, int64_t m, const int8_t* w, const float* w_scales, int64_t n, int64_t k, float* y,
+                   cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (m < 1 || m > kMaxM || n <= 0 || k % 16 != 0 || m * k > kFusedMaxBytes || !aligned(x) || !aligned(w)) return false;
+  const unsigned grid = static_cast<unsigned>((n + kGemvRows - 1) / kGemvRows);
+  const size_t smem = size_t(m * k);
+  const int rows = static_cast<int>(m);
+  if (rows == 1) {
+    gemv_i8_fused_kernel<1, 8><<<grid, kGemvBlock, smem, stream>>>(x, rows, w, w_scales, n, k, y);
+  } else if (rows <= 4) {
+    gemv_i8_fused_kernel<4, 4><<<grid, kGemvBlock, smem, stream>>>(x, rows, w, w_scales, n, k, y);
+  } else {
+    gemv_i8_fused_kernel<kMaxM, 4><<<grid, kGemvBlock, smem, stream>>>(x, rows, w, w_scales, n, k, y);
+  }
+  return true;
 }
 
 void gemm_i8(const int8_t* xq, const float* sx, int64_t m, const int8_t* w, const float* w_scales, int64_t n,
