@@ -127,6 +127,48 @@ struct DecScalar {
   __device__ static void decode(const GpuWeight&, Raw v, int64_t, int64_t, float* out) { out[0] = v; }
 };
 
+// Adds row j's products with the m activation rows to acc, over the units first, first + stride,
+// ... in increasing order, kDepth fetches in flight at a time.
+template <class D, bool kVecX, int kM, int kDepth>
+__device__ inline void accumulate_row(const GpuWeight& w, const uint8_t* row, int64_t j, const float* __restrict__ x,
+                                      int m, int64_t first, int64_t stride, float (&acc)[kM]) {
+  const int64_t k = w.cols;
+  const int64_t units = k / D::kUnit;
+  for (int64_t u0 = first; u0 < units; u0 += kDepth * stride) {
+    typename D::Raw raw[kDepth];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int64_t u = u0 + d * stride;
+      if (u < units) raw[d] = D::fetch(w, row, j, u);
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int64_t u = u0 + d * stride;
+      if (u >= units) break;
+      float wv[D::kUnit];
+      D::decode(w, raw[d], j, u, wv);
+#pragma unroll
+      for (int i = 0; i < kM; ++i) {
+        if (i < m) {  // a guard, not a break, so the loop unrolls and acc stays in registers
+          const float* xr = x + i * k + u * D::kUnit;
+          float s = acc[i];
+          if constexpr (kVecX) {
+#pragma unroll
+            for (int e = 0; e < D::kUnit; e += 4) {
+              const float4 xv = *reinterpret_cast<const float4*>(xr + e);
+              s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
+          }
+          acc[i] = s;
+        }
+      }
+    }
+  }
+}
+
 // kM: activation rows this instance is built for (m <= kM), so that one decode row keeps few
 // registers and many warps fit an SM; kDepth fetches per lane are in flight at a time.
 template <class D, bool kVecX, int kM, int kDepth>
@@ -134,48 +176,14 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_kernel(const float* __restric
                                                          int64_t row_bytes, float* __restrict__ y) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
-  const int64_t k = w.cols, n = w.rows;
-  const int64_t units = k / D::kUnit;
+  const int64_t n = w.rows;
   const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
   for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
     float acc[kM];
 #pragma unroll
     for (int i = 0; i < kM; ++i) acc[i] = 0.0f;
-    // A lane's units in increasing order (u0, u0 + warp size, ...), as with one fetch at a time.
-    for (int64_t u0 = lane; u0 < units; u0 += int64_t(kDepth) * kWarpSize) {
-      typename D::Raw raw[kDepth];
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int64_t u = u0 + int64_t(d) * kWarpSize;
-        if (u < units) raw[d] = D::fetch(w, row, j, u);
-      }
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int64_t u = u0 + int64_t(d) * kWarpSize;
-        if (u >= units) break;
-        float wv[D::kUnit];
-        D::decode(w, raw[d], j, u, wv);
-#pragma unroll
-        for (int i = 0; i < kM; ++i) {
-          if (i < m) {  // a guard, not a break, so the loop unrolls and acc stays in registers
-            const float* xr = x + i * k + u * D::kUnit;
-            float s = acc[i];
-            if constexpr (kVecX) {
-#pragma unroll
-              for (int e = 0; e < D::kUnit; e += 4) {
-                const float4 xv = *reinterpret_cast<const float4*>(xr + e);
-                s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
-              }
-            } else {
-#pragma unroll
-              for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
-            }
-            acc[i] = s;
-          }
-        }
-      }
-    }
+    accumulate_row<D, kVecX, kM, kDepth>(w, row, j, x, m, lane, kWarpSize, acc);
 #pragma unroll
     for (int i = 0; i < kM; ++i) {
       if (i < m) {
@@ -202,48 +210,15 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_split_kernel(const float* __r
   __shared__ float partial[kWarps][kM];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int part = warp % kParts;
-  const int64_t k = w.cols, n = w.rows;
-  const int64_t units = k / D::kUnit;
+  const int64_t n = w.rows;
   const int64_t j = int64_t(blockIdx.x) * kSplitRows + warp / kParts;
   float acc[kM];
 #pragma unroll
   for (int i = 0; i < kM; ++i) acc[i] = 0.0f;
   if (j < n) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * row_bytes;
-    constexpr int64_t kStride = int64_t(kWarpSize) * kParts;
-    for (int64_t u0 = lane + int64_t(part) * kWarpSize; u0 < units; u0 += kDepth * kStride) {
-      typename D::Raw raw[kDepth];
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int64_t u = u0 + d * kStride;
-        if (u < units) raw[d] = D::fetch(w, row, j, u);
-      }
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int64_t u = u0 + d * kStride;
-        if (u >= units) break;
-        float wv[D::kUnit];
-        D::decode(w, raw[d], j, u, wv);
-#pragma unroll
-        for (int i = 0; i < kM; ++i) {
-          if (i < m) {
-            const float* xr = x + i * k + u * D::kUnit;
-            float s = acc[i];
-            if constexpr (kVecX) {
-#pragma unroll
-              for (int e = 0; e < D::kUnit; e += 4) {
-                const float4 xv = *reinterpret_cast<const float4*>(xr + e);
-                s += wv[e] * xv.x + wv[e + 1] * xv.y + wv[e + 2] * xv.z + wv[e + 3] * xv.w;
-              }
-            } else {
-#pragma unroll
-              for (int e = 0; e < D::kUnit; ++e) s += wv[e] * xr[e];
-            }
-            acc[i] = s;
-          }
-        }
-      }
-    }
+    accumulate_row<D, kVecX, kM, kDepth>(w, row, j, x, m, lane + int64_t(part) * kWarpSize,
+                                         int64_t(kWarpSize) * kParts, acc);
   }
 #pragma unroll
   for (int i = 0; i < kM; ++i) {

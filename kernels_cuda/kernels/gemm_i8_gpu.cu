@@ -115,12 +115,11 @@ __global__ void gemv_i8_kernel(const int8_t* __restrict__ xq, const float* __res
 
 // The same with 16-byte loads, kVecDepth of them per lane in flight before the dot products (rows
 // 16-byte aligned: k % 16 == 0 and aligned bases). Integer sums are exact in any order, so both
-// kernels give the same bits.
-// kM and kDepth as in gemm_gpu.cu's gemv_kernel: one decode row keeps few registers.
+// kernels give the same bits. kM and kVecDepth as in gemm_gpu.cu's gemv_kernel: one decode row
+// keeps few registers. x holds the m activation rows as k / 16 int4 each (global or shared memory).
 template <int kM, int kVecDepth>
-__global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* __restrict__ xq, const float* __restrict__ sx, int m,
-                                   const int8_t* __restrict__ w, const float* __restrict__ w_scales, int64_t n,
-                                   int64_t k, float* __restrict__ y) {
+__device__ inline void gemv_i8_rows(const int4* x, const float* sx, int m, const int8_t* __restrict__ w,
+                                    const float* __restrict__ w_scales, int64_t n, int64_t k, float* __restrict__ y) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
   const int64_t units = k / 16;
@@ -144,7 +143,7 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* _
 #pragma unroll
         for (int i = 0; i < kM; ++i) {
           if (i < m) {
-            const int4 xv = reinterpret_cast<const int4*>(xq + i * k)[u];
+            const int4 xv = x[i * units + u];
             int s = acc[i];
             s = dp4a(xv.x, wv[d].x, s);
             s = dp4a(xv.y, wv[d].y, s);
@@ -163,6 +162,15 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* _
       }
     }
   }
+}
+
+template <int kM, int kVecDepth>
+__global__ void __launch_bounds__(kGemvBlock) gemv_i8_vec_kernel(const int8_t* __restrict__ xq,
+                                                                const float* __restrict__ sx, int m,
+                                                                const int8_t* __restrict__ w,
+                                                                const float* __restrict__ w_scales, int64_t n,
+                                                                int64_t k, float* __restrict__ y) {
+  gemv_i8_rows<kM, kVecDepth>(reinterpret_cast<const int4*>(xq), sx, m, w, w_scales, n, k, y);
 }
 
 // Decode without a separate quantization launch: each block quantizes the activation rows itself
@@ -194,49 +202,7 @@ __global__ void __launch_bounds__(kGemvBlock) gemv_i8_fused_kernel(const float* 
     if (threadIdx.x == 0) sxs[i] = amax / 127.0f;
   }
   __syncthreads();
-
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  const int64_t units = k / 16;
-  const int64_t j_end = min(n, int64_t(blockIdx.x + 1) * kGemvRows);
-  for (int64_t j = int64_t(blockIdx.x) * kGemvRows + warp; j < j_end; j += warps) {
-    const int4* wr = reinterpret_cast<const int4*>(w + j * k);
-    int acc[kM];
-#pragma unroll
-    for (int i = 0; i < kM; ++i) acc[i] = 0;
-    for (int64_t u0 = lane; u0 < units; u0 += int64_t(kVecDepth) * kWarpSize) {
-      int4 wv[kVecDepth];
-#pragma unroll
-      for (int d = 0; d < kVecDepth; ++d) {
-        const int64_t u = u0 + int64_t(d) * kWarpSize;
-        if (u < units) wv[d] = wr[u];
-      }
-#pragma unroll
-      for (int d = 0; d < kVecDepth; ++d) {
-        const int64_t u = u0 + int64_t(d) * kWarpSize;
-        if (u >= units) break;
-#pragma unroll
-        for (int i = 0; i < kM; ++i) {
-          if (i < m) {
-            const int4 xv = xs4[i * units + u];
-            int s = acc[i];
-            s = dp4a(xv.x, wv[d].x, s);
-            s = dp4a(xv.y, wv[d].y, s);
-            s = dp4a(xv.z, wv[d].z, s);
-            s = dp4a(xv.w, wv[d].w, s);
-            acc[i] = s;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kM; ++i) {
-      if (i < m) {
-        const int s = warp_sum(acc[i]);
-        if (lane == 0) y[i * n + j] = float(s) * (sxs[i] * w_scales[j]);
-      }
-    }
-  }
+  gemv_i8_rows<kM, kVecDepth>(xs4, sxs, m, w, w_scales, n, k, y);
 }
 
 // Larger m: 64 x 64 output tiles, k in steps of 32 bytes (8 words) through shared memory.

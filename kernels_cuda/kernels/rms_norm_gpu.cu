@@ -25,6 +25,19 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ weight
   }
 }
 
+// out = v * scale * weight for a thread's float4s of a row (those the vector kernels loaded into v).
+__device__ inline void store_normed(const float4 (&v)[kVec], float scale, const float4* __restrict__ w4, float4* yr,
+                                    int64_t vecs) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) {
+    const int64_t c = threadIdx.x + int64_t(q) * blockDim.x;
+    if (c < vecs) {
+      const float4 g = w4[c];
+      yr[c] = make_float4(v[q].x * scale * g.x, v[q].y * scale * g.y, v[q].z * scale * g.z, v[q].w * scale * g.w);
+    }
+  }
+}
+
 // Rows of at most kBlock * kVec * 4 floats, 16-byte aligned: each row is read once (a decode step's
 // single row is latency-bound, and one round of loads instead of two halves its time).
 __global__ void rms_norm_vec_kernel(const float* x, const float* __restrict__ weight, float* out, int64_t rows,
@@ -45,16 +58,7 @@ __global__ void rms_norm_vec_kernel(const float* x, const float* __restrict__ we
       }
     }
     ss = block_sum(ss, scratch);  // ends with a barrier: every read of x is done before any write
-    const float scale = 1.0f / sqrtf(ss / float(dim) + eps);
-    float4* yr = reinterpret_cast<float4*>(out + r * dim);
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) {
-      const int64_t c = threadIdx.x + int64_t(q) * blockDim.x;
-      if (c < vecs) {
-        const float4 g = w4[c];
-        yr[c] = make_float4(v[q].x * scale * g.x, v[q].y * scale * g.y, v[q].z * scale * g.z, v[q].w * scale * g.w);
-      }
-    }
+    store_normed(v, 1.0f / sqrtf(ss / float(dim) + eps), w4, reinterpret_cast<float4*>(out + r * dim), vecs);
   }
 }
 
@@ -82,16 +86,7 @@ __global__ void add_rms_norm_kernel(const float* a, const float* b, float* sum, 
       }
     }
     ss = block_sum(ss, scratch);  // ends with a barrier: every read of a and b is done before any write of out
-    const float scale = 1.0f / sqrtf(ss / float(dim) + eps);
-    float4* yr = reinterpret_cast<float4*>(out + r * dim);
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) {
-      const int64_t c = threadIdx.x + int64_t(q) * blockDim.x;
-      if (c < vecs) {
-        const float4 g = w4[c];
-        yr[c] = make_float4(v[q].x * scale * g.x, v[q].y * scale * g.y, v[q].z * scale * g.z, v[q].w * scale * g.w);
-      }
-    }
+    store_normed(v, 1.0f / sqrtf(ss / float(dim) + eps), w4, reinterpret_cast<float4*>(out + r * dim), vecs);
   }
 }
 

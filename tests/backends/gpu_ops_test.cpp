@@ -152,6 +152,29 @@ TestWeight make_weight(DType t, int64_t n, int64_t k, std::mt19937_64& rng, int6
 
 // Allowed error relative to sum |x * w| per output. The own kernels accumulate the exact weight
 // values in f32; the cuBLAS path rounds activations (and expanded quantized weights) to f16/bf16.
+// y[m][n] = x · Wᵀ in double over the weight's exact values, with the sum of |products| of each
+// output (the scale a float-rounding error bound is relative to).
+struct ReferenceGemm {
+  std::vector<float> y;
+  std::vector<double> mag;
+};
+ReferenceGemm reference_gemm(const std::vector<float>& x, int64_t m, const TestWeight& w) {
+  ReferenceGemm r{std::vector<float>(size_t(m * w.n)), std::vector<double>(size_t(m * w.n))};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < w.n; ++j) {
+      double acc = 0, abs_acc = 0;
+      for (int64_t p = 0; p < w.k; ++p) {
+        const double prod = double(x[size_t(i * w.k + p)]) * w.values[size_t(j * w.k + p)];
+        acc += prod;
+        abs_acc += std::fabs(prod);
+      }
+      r.y[size_t(i * w.n + j)] = float(acc);
+      r.mag[size_t(i * w.n + j)] = abs_acc;
+    }
+  }
+  return r;
+}
+
 double gemm_tolerance(DType t, int64_t m, bool own_only) {
   const bool blas = !own_only && m >= 9;
   if (!blas || t == DType::F32) return 2e-5;
@@ -198,22 +221,9 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
         view.kernel_variant = variant;
         gpu().gemm(xd.as<float>(), m, view, yd.as<float>());
         const auto y = read(gpu(), yd, size_t(m * n));
-        std::vector<float> want(size_t(m * n));
-        std::vector<double> mag(want.size());
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0, abs_acc = 0;
-            for (int64_t p = 0; p < k; ++p) {
-              const double prod = double(x[size_t(i * k + p)]) * w.values[size_t(j * k + p)];
-              acc += prod;
-              abs_acc += std::fabs(prod);
-            }
-            want[size_t(i * n + j)] = float(acc);
-            mag[size_t(i * n + j)] = abs_acc;
-          }
-        }
+        const ReferenceGemm want = reference_gemm(x, m, w);
         const double tol = gemm_tolerance(c.t, m, variant == 1);
-        EXPECT_TRUE(close(y, want, [&](size_t i) { return tol * mag[i] + 1e-6; }));
+        EXPECT_TRUE(close(y, want.y, [&](size_t i) { return tol * want.mag[i] + 1e-6; }));
       }
     }
   }
@@ -240,20 +250,8 @@ TEST_P(GpuOps, DecodeGemvPathsMatchReference) {
         }
         gpu().gemm(xd.as<float>(), m, view, yd.as<float>());
         const auto y = read(gpu(), yd, size_t(m * n));
-        std::vector<float> want(size_t(m * n));
-        std::vector<double> mag(want.size());
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0;
-            for (int64_t p = 0; p < k; ++p) {
-              const double prod = double(x[size_t(i * k + p)]) * w.values[size_t(j * k + p)];
-              acc += prod;
-              mag[size_t(i * n + j)] += std::fabs(prod);
-            }
-            want[size_t(i * n + j)] = float(acc);
-          }
-        }
-        EXPECT_TRUE(close(y, want, [&](size_t i) { return 2e-5 * mag[i] + 1e-6; }));
+        const ReferenceGemm want = reference_gemm(x, m, w);
+        EXPECT_TRUE(close(y, want.y, [&](size_t i) { return 2e-5 * want.mag[i] + 1e-6; }));
       }
     }
   }
@@ -277,18 +275,9 @@ TEST_P(GpuOps, RepeatedOpSequencesReadFreshInputs) {
     gpu().gemm(xd.as<float>(), 1, view, y.as<float>());
     gpu().add(y.as<float>(), y.as<float>(), y.as<float>(), n);
     const auto got = read(gpu(), y, size_t(n));
-    std::vector<float> want(static_cast<size_t>(n));
-    std::vector<double> mag(want.size());
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        const double prod = double(x[size_t(p)]) * w.values[size_t(j * k + p)];
-        acc += prod;
-        mag[size_t(j)] += 2 * std::fabs(prod);
-      }
-      want[size_t(j)] = float(2 * acc);
-    }
-    EXPECT_TRUE(close(got, want, [&](size_t i) { return 1e-5 * mag[i] + 1e-6; }));
+    ReferenceGemm want = reference_gemm(x, 1, w);
+    for (float& v : want.y) v *= 2;  // y + y
+    EXPECT_TRUE(close(got, want.y, [&](size_t i) { return 2e-5 * want.mag[i] + 1e-6; }));
   }
 }
 
