@@ -100,7 +100,7 @@ double gemm_flops(Backend& b, DType t, int64_t size) {
 }
 
 // Bytes/s a decode-sized GEMM (m = 1) reads from the weight, for one weight of type t (f16, or i8
-// with per-row scales) with n rows of k columns: `calls` back-to-back calls per timed repetition, so
+// with per-row scales) with n rows of k columns: kCalls back-to-back calls per timed repetition, so
 // the figure is the kernel's and not one launch's latency.
 double gemv_bandwidth(Backend& b, DType t, int64_t n, int64_t k) {
   const size_t wbytes = dtype_row_bytes(t, k) * size_t(n);

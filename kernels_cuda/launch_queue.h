@@ -101,7 +101,7 @@ class LaunchQueue {
   std::vector<uint64_t> key_;  // the queued segment's keys, end to end
   std::list<std::vector<uint64_t>> seen_;     // segments run op by op once lately, most recent first
   std::list<std::vector<uint64_t>> refused_;  // segments whose capture failed
-  std::list<Graph> graphs_;                // most recently used first
+  std::list<Graph> graphs_;                   // most recently used first
 };
 
 }  // namespace tessera::gpu
