@@ -15,6 +15,9 @@
 #                                           run(command="scripts/gpu_check.sh --bundle",
 #                                               carry=["build-gpu-bundle"], timeout_s=540)
 #
+# TESSERA_GPU_PROFILE=1 adds, after the table, where a 1b decode step's GPU time goes, per kernel
+# (Nsight Compute's per-launch durations summed by scripts/ncu_steps.py), for f16 and int8 weights.
+#
 # Exit status: 0 when the checks ran and passed, and also when there is no CUDA device (it prints
 # "no CUDA device: nothing to check" and checks nothing, so a CPU-only CI step stays green);
 # 1 when a build step, a GPU test or the benchmark failed. Logs go to $OUT (when set) or build-gpu-logs/.
@@ -152,5 +155,17 @@ printf "%-34s %s\n" "gpu_backend_tests (ops, golden)" "$(summary "$LOGS/gpu_test
 printf "%-34s %s\n" "conformance_tests (cuda)" "$(summary "$LOGS/conformance.json") (exit $CONF_RC)"
 sed -n '/^measurement/,$p' "$LOGS/gpu_bench.log"
 (( BENCH_RC != 0 )) && { echo "gpu_bench failed (exit $BENCH_RC):"; tail -20 "$LOGS/gpu_bench.log"; }
+if [[ ${TESSERA_GPU_PROFILE:-0} == 1 ]]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for pipeline in default int8; do
+    echo
+    echo "== decode step by kernel, $pipeline weights ($(elapsed))"
+    timeout 90 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw \
+      "$BUILD/bin/tessera" run -p "$ROOT/pipelines/$pipeline.yaml" -m "$MODEL" --backend cuda -n 4 --ignore-eos \
+      "Once" >"$LOGS/ncu_$pipeline.csv" 2>"$LOGS/ncu_$pipeline.err" &&
+      python3 "$ROOT/scripts/ncu_steps.py" "$LOGS/ncu_$pipeline.csv" | head -25 ||
+      { echo "ncu failed:"; tail -5 "$LOGS/ncu_$pipeline.err"; }
+  done
+fi
 echo "logs: $LOGS"
 exit $FAILED
