@@ -15,6 +15,9 @@
 #                                           run(command="scripts/gpu_check.sh --bundle",
 #                                               carry=["build-gpu-bundle"], timeout_s=540)
 #
+# The bundle also holds engine_bench, for the engine benchmarks on the device (e.g. the speculative
+# sweep: TESSERA_BENCH_BACKEND=cuda engine_bench --benchmark_filter='BM_SpeculativeSweep/0/').
+#
 # TESSERA_GPU_PROFILE=1 adds, after the table, where a 1b decode step's GPU time goes, per kernel
 # (Nsight Compute's per-launch durations summed by scripts/ncu_steps.py), for f16 and int8 weights.
 #
@@ -47,7 +50,7 @@ configure_and_build() {  # $1 = build dir, $2 = CUDA architectures
   export CCACHE_BASEDIR=$ROOT
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_HIP=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="$archs" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; return 1; }
-  cmake --build "$build" -j"$(nproc)" --target tessera gpu_backend_tests conformance_tests gpu_bench \
+  cmake --build "$build" -j"$(nproc)" --target tessera gpu_backend_tests conformance_tests gpu_bench engine_bench \
     >"$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build.log" | head -30; return 1; }
 }
 
@@ -57,7 +60,7 @@ if [[ $MODE == pack ]]; then
   configure_and_build "$BUILD" "80;90" || exit 1
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE/build/bin" "$BUNDLE/build/lib/tessera/plugins" "$BUNDLE/build/lib/ext" "$BUNDLE/shared"
-  cp "$BUILD"/bin/{tessera,gpu_backend_tests,conformance_tests,gpu_bench} "$BUNDLE/build/bin/"
+  cp "$BUILD"/bin/{tessera,gpu_backend_tests,conformance_tests,gpu_bench,engine_bench} "$BUNDLE/build/bin/"
   cp -P "$BUILD"/lib/libtessera_core.so* "$BUNDLE/build/lib/"
   cp "$BUILD"/lib/tessera/plugins/*.so "$BUNDLE/build/lib/tessera/plugins/"
   rm -f "$BUNDLE"/build/lib/tessera/plugins/libtessera_kernels_hip.so
