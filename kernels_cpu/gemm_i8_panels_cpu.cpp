@@ -52,17 +52,36 @@ __attribute__((target("avx2,fma"))) void tile(const int32_t* xp, const int8_t* w
   }
 }
 
-// Decode (one row of x, k even): tile<1>'s sums rescaled straight into y, the same products as the
-// general epilogue below (float(acc) · (sx · scale)), without the round trip through a buffer.
+// Decode (one row of x, k even): tile<1>'s products, four column pairs (two cache lines) per step
+// with one prefetch per line, rescaled straight into y as the general epilogue below does
+// (float(acc) · (sx · scale)). Unrolled so, the loop costs a quarter fewer instructions than
+// tile<1>'s; the decode streams 5-8% faster (alternating runs of `tessera run`, int8 110m).
+__attribute__((target("avx2,fma"))) inline void add_pair(const int32_t* xp, const int8_t* wp, int64_t h, __m256i& lo,
+                                                         __m256i& hi) {
+  const __m256i xv = _mm256_set1_epi32(xp[h]);
+  const auto* w = reinterpret_cast<const __m128i*>(wp + h * 32);
+  lo = _mm256_add_epi32(lo, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(w))));
+  hi = _mm256_add_epi32(hi, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(w + 1))));
+}
+
 __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kh, float sx,
                                                     const float* scales, float* y) {
-  alignas(32) int32_t acc[kPanel];
-  tile<1>(xp, wp, kh, acc);
-  const __m256 s = _mm256_set1_ps(sx);
-  for (int h = 0; h < 2; ++h) {
-    const __m256 v = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc + 8 * h)));
-    _mm256_storeu_ps(y + 8 * h, _mm256_mul_ps(v, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8 * h))));
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  __m256i b0 = _mm256_setzero_si256(), b1 = _mm256_setzero_si256();
+  int64_t h = 0;
+  for (; h + 4 <= kh; h += 4) {
+    _mm_prefetch(reinterpret_cast<const char*>(wp + h * 32) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wp + h * 32) + kPrefetchBytes + 64, _MM_HINT_T0);
+    add_pair(xp, wp, h, a0, a1);
+    add_pair(xp, wp, h + 1, b0, b1);
+    add_pair(xp, wp, h + 2, a0, a1);
+    add_pair(xp, wp, h + 3, b0, b1);
   }
+  for (; h < kh; ++h) add_pair(xp, wp, h, a0, a1);
+  const __m256 s = _mm256_set1_ps(sx);
+  const __m256 lo = _mm256_cvtepi32_ps(_mm256_add_epi32(a0, b0)), hi = _mm256_cvtepi32_ps(_mm256_add_epi32(a1, b1));
+  _mm256_storeu_ps(y, _mm256_mul_ps(lo, _mm256_mul_ps(s, _mm256_loadu_ps(scales))));
+  _mm256_storeu_ps(y + 8, _mm256_mul_ps(hi, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8))));
 }
 
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);

@@ -1,0 +1,136 @@
+// Single-stream decode as a share of this machine's read-bandwidth roofline (issue #3): weight bytes
+// per token x decode tokens/s over the measured read bandwidth. On a shared machine the bandwidth
+// moves by a third within minutes, so a probe run minutes before a decode says little about it
+// (scripts/roofline.sh, which alternates processes, sees that spread). Here the probe and the
+// decode alternate in one process: every decode run sits between two probe windows of ~0.15 s,
+// its share is over their mean, and the counters give the median share over the runs and the
+// range. The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
+//
+//   TESSERA_ROOFLINE_MODEL  f32 GGUF for the float and int pipelines (default: `tessera synth
+//                           --preset 110m`, written to $TMPDIR once); the gguf pipelines read its
+//                           Q8_0 / Q4_0 twins, written beside it.
+//   OMP_NUM_THREADS         decode and probe threads (default: all cores)
+//
+// args: pipeline (0 baseline f32, 1 int8, 2 int4, 3 gguf Q8_0, 4 gguf Q4_0), decode runs.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "bench_registry.h"
+#include "tessera/engine.h"
+#include "tessera/host_arena.h"
+#include "tessera/machine_probe.h"
+#include "tessera/pipeline.h"
+#include "tessera/synth.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kDecodeTokens = 128;
+constexpr double kProbeSeconds = 0.15;
+constexpr size_t kProbeBytes = size_t(256) << 20;
+
+struct RooflineCase {
+  const char* pipeline;  // under pipelines/
+  DType weights;         // of the model file it reads
+};
+constexpr RooflineCase kCases[] = {
+    {"baseline.yaml", DType::F32}, {"int8.yaml", DType::F32}, {"int4.yaml", DType::F32},
+    {"gguf.yaml", DType::Q8_0},    {"gguf.yaml", DType::Q4_0},
+};
+
+std::string model_for(DType weights) {
+  const char* env = std::getenv("TESSERA_ROOFLINE_MODEL");
+  const fs::path f32 = env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path() / "tessera-roofline-110m.gguf";
+  if (weights == DType::F32 && env != nullptr && *env != '\0') return f32.string();
+  const fs::path path = weights == DType::F32 ? f32 : fs::path(f32.string() + "." + std::string(dtype_name(weights)) + ".gguf");
+  if (!fs::exists(path)) {
+    SynthSpec spec = synth_preset("110m");
+    spec.dtype = weights;
+    write_synthetic_model(spec, path.string());
+  }
+  return path.string();
+}
+
+// Mean read rate over whole passes of the probe buffer lasting at least kProbeSeconds.
+double probe_window(const float* buf) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double seconds = 0;
+  int passes = 0;
+  while (seconds < kProbeSeconds) {
+    benchmark::DoNotOptimize(read_bandwidth_pass(buf, kProbeBytes / 4));
+    ++passes;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return double(kProbeBytes) * passes / seconds / 1e9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 != 0 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+void BM_DecodeRoofline(benchmark::State& state) {
+  const RooflineCase& c = kCases[size_t(state.range(0))];
+  const int64_t runs = state.range(1);
+  PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/" + std::string(c.pipeline));
+  spec.model = model_for(c.weights);
+  spec.backend = "cpu";
+  auto pipeline = Pipeline::build(spec, bench::registry());
+  const double bytes_per_token = double(pipeline->model().decode_bytes_per_token());
+
+  auto unmap = [](float* p) { unmap_huge_pages(p, kProbeBytes); };
+  std::unique_ptr<float, decltype(unmap)> probe_buf(static_cast<float*>(map_huge_pages(kProbeBytes)), unmap);
+  if (!probe_buf) {
+    state.SkipWithError("cannot map 256 MiB for the bandwidth probe");
+    return;
+  }
+  std::fill(probe_buf.get(), probe_buf.get() + kProbeBytes / 4, 1.0f);
+
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int32_t> token(3, int32_t(pipeline->model().config().vocab - 1));
+  std::vector<double> shares, rates, probes;
+  for (auto _ : state) {
+    double before = probe_window(probe_buf.get());
+    for (int64_t run = 0; run < runs; ++run) {
+      Engine engine(*pipeline);
+      GenerationRequest req;
+      req.prompt = {1};
+      for (int i = 0; i < 6; ++i) req.prompt.push_back(token(rng));
+      req.max_tokens = kDecodeTokens;
+      req.ignore_eos = true;
+      engine.submit(req);
+      engine.run_until_idle();
+      const GenerationResult r = engine.take_finished().at(0);
+      const double tok_per_s = double(r.tokens.size() - 1) / (r.finished - r.first_token);
+      const double after = probe_window(probe_buf.get());
+      const double probe = (before + after) / 2;
+      rates.push_back(tok_per_s);
+      probes.push_back(probe);
+      shares.push_back(bytes_per_token * tok_per_s / 1e9 / probe);
+      before = after;
+    }
+  }
+  state.counters["share_median"] = median(shares);
+  state.counters["share_min"] = *std::min_element(shares.begin(), shares.end());
+  state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
+  state.counters["decode_tok_per_s"] = median(rates);
+  state.counters["probe_GB_per_s"] = median(probes);
+  state.counters["weight_MB_per_token"] = bytes_per_token / 1e6;
+  state.SetLabel(std::string(c.pipeline) + ": " + pipeline->describe() + ", " + pipeline->model().weight_formats() + ", " +
+                 std::to_string(omp_get_max_threads()) + " threads, " + std::to_string(kDecodeTokens) + " tokens a run");
+}
+BENCHMARK(BM_DecodeRoofline)->ArgsProduct({{0, 1, 2, 3, 4}, {12}})->Iterations(1)->Unit(benchmark::kSecond);
+
+}  // namespace
+}  // namespace tessera
+
+BENCHMARK_MAIN();
