@@ -6,9 +6,9 @@
 // its share is over their mean, and the counters give the median share over the runs and the
 // range. The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
 //
-//   TESSERA_ROOFLINE_MODEL  f32 GGUF for the float and int pipelines (default: `tessera synth
-//                           --preset 110m`, written to $TMPDIR once); the gguf pipelines read its
-//                           Q8_0 / Q4_0 twins, written beside it.
+//   TESSERA_ROOFLINE_MODEL  GGUF for the float and int pipelines (default: `tessera synth --preset
+//                           110m`, written to $TMPDIR once). The gguf pipelines read the synthetic
+//                           110m written as Q8_0 / Q4_0 (also in $TMPDIR, once).
 //   OMP_NUM_THREADS         decode and probe threads (default: all cores)
 //
 // args: pipeline (0 baseline f32, 1 int8, 2 int4, 3 gguf Q8_0, 4 gguf Q4_0), decode runs.
@@ -48,13 +48,16 @@ constexpr RooflineCase kCases[] = {
 
 std::string model_for(DType weights) {
   const char* env = std::getenv("TESSERA_ROOFLINE_MODEL");
-  const fs::path f32 = env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path() / "tessera-roofline-110m.gguf";
-  if (weights == DType::F32 && env != nullptr && *env != '\0') return f32.string();
-  const fs::path path = weights == DType::F32 ? f32 : fs::path(f32.string() + "." + std::string(dtype_name(weights)) + ".gguf");
+  if (weights == DType::F32 && env != nullptr && *env != '\0') return env;
+  // The f32 file is the one scripts/roofline.sh writes.
+  const std::string suffix = weights == DType::F32 ? "" : "-" + std::string(dtype_name(weights));
+  const fs::path path = fs::temp_directory_path() / ("tessera-roofline-110m" + suffix + ".gguf");
   if (!fs::exists(path)) {
     SynthSpec spec = synth_preset("110m");
     spec.dtype = weights;
-    write_synthetic_model(spec, path.string());
+    const fs::path part = path.string() + ".part";  // a run stopped mid-write leaves no model behind
+    write_synthetic_model(spec, part.string());
+    fs::rename(part, path);
   }
   return path.string();
 }
