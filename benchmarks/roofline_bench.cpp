@@ -19,7 +19,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "bench_registry.h"
 #include "tessera/engine.h"
