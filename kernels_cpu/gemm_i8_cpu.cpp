@@ -287,16 +287,20 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   }
 #endif
 
-  // Work units: the packed panels, then the row-major tiles after them.
+  // Work units: the packed panels (in decode, groups of kI8DecodePanels that the kernel streams side
+  // by side), then the row-major tiles after them.
+  const int64_t per_unit = m == 1 ? kI8DecodePanels : 1;
+  const int64_t panel_units = (panels + per_unit - 1) / per_unit;
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {
-    if (r.begin < panels) {
-      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
+    if (r.begin < panel_units) {
+      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin * per_unit,
+                     std::min(r.end * per_unit, panels), y);
     }
-    if (r.end > panels) {
-      const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
-      gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j0, std::min(n, panel_rows + (r.end - panels) * kRowsPerTile), y,
-                avx2);
+    if (r.end > panel_units) {
+      const int64_t j0 = panel_rows + (std::max(r.begin, panel_units) - panel_units) * kRowsPerTile;
+      gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j0,
+                std::min(n, panel_rows + (r.end - panel_units) * kRowsPerTile), y, avx2);
     }
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
@@ -310,7 +314,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
-  StealingBands units(panels + row_tiles, omp_get_max_threads());
+  StealingBands units(panel_units + row_tiles, omp_get_max_threads());
   Scratch* caller = &mine;
 #pragma omp parallel
   {

@@ -183,18 +183,20 @@ TEST(QuantInt8, ThreadedKernelMatchesTheReference) {
 }
 
 TEST(QuantInt8, PackedPanelsGiveTheReferenceBitsForEveryKAndBatch) {
-  // 37 rows: two 16-row panels (packed when k is a multiple of 4) and 5 row-major rows. Every row
-  // of W and x holds its absmax, which quantizes to +-127: the sign-folding products at their limit.
+  // One to four 16-row panels (decode streams up to four side by side) and 5 row-major rows after
+  // them; k even (decode's pair kernels, unrolled steps and a leftover pair) and odd (the general
+  // tile). Every row of W and x holds its absmax, which quantizes to +-127.
   for (int64_t k : {4, 8, 200, 201, 202, 203}) {
-    const int64_t n = 37;
-    const auto w = random_floats(size_t(n * k), uint32_t(100 + k));
-    for (int64_t m : {1, 2, 6, 7, 13}) {
-      auto x = random_floats(size_t(m * k), uint32_t(200 + k + m), -4, 4);
-      for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (i % k))] = i % 2 == 0 ? -9.0f : 9.0f;
+    for (int64_t n : {21, 37, 53, 69}) {
+      const auto w = random_floats(size_t(n * k), uint32_t(100 + k + n));
       const WeightSource src{"blk.0.ffn_up.weight", DType::F32, w.data(), n, k};
-      const auto fast = linear_forward(*int8()->make_linear(cpu_backend(), src), x, m);
-      const auto ref = linear_forward(*int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src), x, m);
-      ASSERT_EQ(fast, ref) << "k " << k << ", m " << m;
+      const auto fast = int8()->make_linear(cpu_backend(), src);
+      const auto ref = int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src);
+      for (int64_t m : {1, 2, 6, 7, 13}) {
+        auto x = random_floats(size_t(m * k), uint32_t(200 + k + m), -4, 4);
+        for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (i % k))] = i % 2 == 0 ? -9.0f : 9.0f;
+        ASSERT_EQ(linear_forward(*fast, x, m), linear_forward(*ref, x, m)) << "k " << k << ", n " << n << ", m " << m;
+      }
     }
   }
 }
