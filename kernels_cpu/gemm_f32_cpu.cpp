@@ -30,6 +30,7 @@ constexpr int64_t kMr = 6;
 constexpr int64_t kKc = 768;  // most k per pass: x packed for it stays in L2 (measured 512-1024 best)
 constexpr int32_t kPackedPanels = 1 << 9;  // kernel_variant flag set by prepare_weight_f32
 constexpr int64_t kPrefetchFloats = 512;   // 2 KB ahead in the panel stream
+constexpr int64_t kDecodePanels = 4;       // panels a decode pass streams side by side
 
 // y rows [0, MR) x panel columns [0, 16) (+)= xp[p][MR] · panel[p][16] for p in [0, kc).
 template <int MR, bool kPrefetch>
@@ -59,24 +60,29 @@ __attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, 
   }
 }
 
-// Decode: one x row against two panels at once, so four FMA chains hide the FMA latency that
-// one panel's two chains would wait on.
-__attribute__((target("avx2,fma"))) void row_two_panels(const float* x, const float* wp, int64_t k, float* y) {
-  const float* wq = wp + k * kPanel;
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-  for (int64_t p = 0; p < k; ++p) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + p * kPanel + kPrefetchFloats), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wq + p * kPanel + kPrefetchFloats), _MM_HINT_T0);
-    const __m256 xv = _mm256_broadcast_ss(x + p);
-    a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + p * kPanel), a0);
-    a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + p * kPanel + 8), a1);
-    b0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wq + p * kPanel), b0);
-    b1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wq + p * kPanel + 8), b1);
+// Decode: one x row against P neighbouring panels at once (P sequential streams for the hardware
+// prefetcher, no software prefetch; 2P FMA chains hide the FMA latency that one panel's two chains
+// would wait on). Four streams read at the bandwidth probe's rate where two with a prefetch ahead
+// fell short in this VM's fast minutes (see gemm_i8_panels_cpu.cpp).
+template <int P>
+__attribute__((target("avx2,fma"))) void row_panels(const float* x, const float* wp, int64_t k, float* y) {
+  __m256 acc[P][2];
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const __m256 xv = _mm256_broadcast_ss(x + i);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const float* w = wp + p * k * kPanel + i * kPanel;
+      acc[p][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w), acc[p][0]);
+      acc[p][1] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + 8), acc[p][1]);
+    }
   }
-  _mm256_storeu_ps(y, a0);
-  _mm256_storeu_ps(y + 8, a1);
-  _mm256_storeu_ps(y + 16, b0);
-  _mm256_storeu_ps(y + 24, b1);
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    _mm256_storeu_ps(y + p * kPanel, acc[p][0]);
+    _mm256_storeu_ps(y + p * kPanel + 8, acc[p][1]);
+  }
 }
 
 using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t, bool);
@@ -122,9 +128,16 @@ void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_
   const auto* panels = static_cast<const float*>(w.data);
   const int64_t kc_max = pass_length(m, k);
   if (m == 1) {  // one pass; x as it is is the packed layout
-    int64_t q = q0;
-    for (; q + 2 <= q1; q += 2) row_two_panels(x, panels + q * kPanel * k, k, y + q * kPanel);
-    if (q < q1) panel_pass(x, 1, w, y, q, 0, k);
+    using RowFn = void (*)(const float*, const float*, int64_t, float*);
+    constexpr RowFn kRows[kDecodePanels + 1] = {nullptr, nullptr, row_panels<2>, row_panels<3>, row_panels<4>};
+    for (int64_t q = q0; q < q1; q += kDecodePanels) {
+      const int64_t p = std::min(kDecodePanels, q1 - q);
+      if (p == 1) {
+        panel_pass(x, 1, w, y, q, 0, k);  // one stream keeps tile<1>'s prefetch
+      } else {
+        kRows[p](x, panels + q * kPanel * k, k, y + q * kPanel);
+      }
+    }
     return;
   }
   for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
@@ -182,11 +195,11 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
     }
     return panels * kPanel;
   }
-  // Decode: each panel streamed once, two at a time, in bands (stolen at the end, see
+  // Decode: each panel streamed once, kDecodePanels at a time, in bands (stolen at the end, see
   // stealing_bands_cpu.h).
-  for_units((panels + 1) / 2, [&](int64_t u0, int64_t u1) {
+  for_units((panels + kDecodePanels - 1) / kDecodePanels, [&](int64_t u0, int64_t u1) {
     thread_local std::vector<float> xp;
-    run_panels(x, m, w, y, 2 * u0, std::min(panels, 2 * u1), xp);
+    run_panels(x, m, w, y, kDecodePanels * u0, std::min(panels, kDecodePanels * u1), xp);
   });
   return panels * kPanel;
 }

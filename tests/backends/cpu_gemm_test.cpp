@@ -68,7 +68,7 @@ std::vector<float> gemm(const WeightView& v, const float* x, int64_t m) {
 TEST(CpuGemm, PreparedWeightsGiveEachRowTheSameBitsAloneOrInABatchOnAnyThreadCount) {
   const int64_t m = 13;
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I8}) {
-    for (int64_t n : {16, 37, 64, 1030}) {
+    for (int64_t n : {16, 37, 53, 64, 1030}) {  // 1, 2, 3, 4 and 64 panels of 16
       for (int64_t k : {7, 64, 129, 300}) {
         SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
         const auto w = random_floats(size_t(n * k), uint32_t(n * 7 + k));
