@@ -13,11 +13,12 @@ struct ProbeResult {
   double value = 0;     // GB/s (bandwidth) or GFLOP/s (FMA)
   double seconds = 0;   // time spent measuring
   int threads = 0;      // OpenMP threads used
-  std::string method;   // e.g. "avx2 loads over 256 MiB, best of 3"
+  std::string method;   // e.g. "avx2 loads, 4 streams a thread, over 256 MiB, best of 3"
 };
 
 // Sums a buffer of `bytes` (far larger than the caches) with all threads, repeatedly for about
-// `seconds`, and reports the best pass. Uses AVX2 when the CPU has it, plain loads otherwise.
+// `seconds`, and reports the best pass. Uses AVX2 when the CPU has it (each thread reading four
+// slices of its part side by side, as the decode GEMVs read four panels), plain loads otherwise.
 ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(256) << 20);
 
 // Runs independent FMA chains in registers on all threads for about `seconds` (8-wide AVX2 FMA
