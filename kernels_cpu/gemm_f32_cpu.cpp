@@ -11,7 +11,7 @@
 //
 // Every y[i][j] is one FMA chain over k in order, whatever m is and wherever row i falls in a
 // tile, so a row's result does not depend on the batch around it (decode equals prefill, bit for
-// bit). Decode (m = 1) streams each panel once, sequentially, with a prefetch ahead.
+// bit). Decode (m = 1) streams each panel once, four neighbouring panels side by side (row_panels).
 #include <immintrin.h>
 #include <omp.h>
 

@@ -9,7 +9,7 @@
 // exact, like the vpmaddubsw path, with no per-pair sign fix-up. A 6 x 16 tile of y keeps 12
 // int32 accumulators in registers; each pair step costs 2 loads and 24 integer ops for 192
 // multiply-adds, about 1.5x what the FMA units do on f32 (measured), so int8 prefill is faster
-// than f32. Decode (m = 1) reads each panel once as one sequential stream with a prefetch ahead.
+// than f32. Decode (m = 1) reads each panel once, four neighbouring panels side by side (panels_into_y).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -88,8 +88,8 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
 // Decode over P neighbouring panels at once (P <= kI8DecodePanels), without software prefetch: P
 // sequential streams are what the hardware prefetcher keeps fed best. On this project's VM, in
 // minutes when the bandwidth probe reads 44-47 GB/s, four streams read at the probe's rate where one
-// stream with a prefetch ahead fell 8% short, and the int8 110m decode ran 12-20% faster; in
-// slower minutes the two were equal (BM_DecodeRoofline, 4 + 8 alternating pairs). A lone panel
+// stream with a prefetch ahead fell 8% short, and the int8 110m decode ran 13-24% faster; in
+// slower minutes the two were equal (BM_DecodeRoofline, 4 + 5 alternating pairs). A lone panel
 // keeps row_into_y's prefetch: one stream without it reads ~10% slower.
 template <int P>
 __attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kh, float sx,
