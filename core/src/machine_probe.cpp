@@ -136,8 +136,8 @@ ProbeResult measure_read_bandwidth(double seconds, size_t bytes) {
     ++passes;
   } while (passes < 3 || seconds_since(t0) < seconds);
   r.seconds = seconds_since(t0);
-  r.method = std::string(has_avx2_fma() ? "avx2 loads, 4 streams a thread," : "scalar loads") + " over " + std::to_string(bytes >> 20) +
-             " MiB, best of " + std::to_string(passes);
+  r.method = std::string(has_avx2_fma() ? "avx2 loads, 4 streams a thread," : "scalar loads") + " over " +
+             std::to_string(bytes >> 20) + " MiB, best of " + std::to_string(passes);
   return r;
 }
 
