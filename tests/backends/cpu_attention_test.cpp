@@ -1,9 +1,11 @@
 // The CPU backend's attention: a query's output is the same bits whether it is computed alone
 // (decode) or with other queries sharing its keys (prefill chunks, speculative verification, GQA
-// groups), although the kernel reads the keys in a different form for each (key rows for a lone
-// query, keys transposed once per task otherwise). Greedy speculative decoding relies on it.
+// groups), and whatever the number of threads, although the kernel reads the keys in a different
+// form for each (key rows for a lone query, keys transposed once per task otherwise) and decode
+// splits a query's key segments between threads. Greedy speculative decoding relies on it.
 // A half-precision cache gives the bits of an f32 cache holding its rounded values.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -52,6 +54,7 @@ struct Shape {
 TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
   Backend& b = cpu_backend();
   constexpr int64_t kHeads = 8, kBlock = 16, kContext = 150, kQueries = 7;
+  const int threads_before = omp_get_max_threads();
   // Decode of heads wider than 16 walks bands of kv heads (GQA: 4 x 64 and 4 x 24 with a group of
   // 2); prefill reads transposed keys.
   for (const Shape& sh : {Shape{8, 8, 0}, Shape{8, 64, 0}, Shape{4, 8, 0}, Shape{1, 64, 0}, Shape{8, 64, 37},
@@ -83,10 +86,16 @@ TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
       return out;
     };
     const auto together = run(0, kQueries);
-    for (int64_t i = 0; i < kQueries; ++i) {
-      const auto alone = run(i, 1);
-      ASSERT_EQ(0, std::memcmp(alone.data(), together.data() + i * q_row, size_t(q_row) * 4)) << "query " << i;
+    // Decode over 144 to 150 keys: segments of 24, split between 1, 2 or 3 threads.
+    for (const int threads : {1, 2, 3}) {
+      b.set_threads(threads);
+      for (int64_t i = 0; i < kQueries; ++i) {
+        const auto alone = run(i, 1);
+        ASSERT_EQ(0, std::memcmp(alone.data(), together.data() + i * q_row, size_t(q_row) * 4))
+            << "query " << i << ", " << threads << " threads";
+      }
     }
+    b.set_threads(threads_before);
   }
 }
 
