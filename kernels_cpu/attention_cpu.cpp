@@ -3,12 +3,12 @@
 // its whole GQA group (decode: for a band of kv heads at once, see run_band). Scores, exponentials
 // and the value sum are vectorised per block.
 //
-// A query's keys are cut into segments (segment_keys: about eight, of whole eights of keys, by the
-// query's key count alone); each segment's softmax state is computed on its own and the states are
-// folded in key order (fold_segment). Decode splits a sequence's segments between threads, so that
-// each thread reads whole K and V rows one after another (split by heads, each thread read part of
-// every row: a 110m decode over ~500 keys spent 5-28% more time in attention, median 17%, in 5
-// alternating runs). Prefill and verification fold the same segments in the same order: a query's
+// Past 64 keys, a query's keys are cut into segments (segment_keys: about eight, of whole eights
+// of keys, by the query's key count alone); each segment's softmax state is computed on its own
+// and the states are folded in key order (fold_segment). Decode splits a sequence's segments
+// between threads, so that each thread reads whole K and V rows one after another (split by heads,
+// each thread read part of every row: an int8 110m decode of 1000 tokens spent 12-19% more time
+// in attention, in 3 alternating pairs of runs). Prefill and verification fold the same segments in the same order: a query's
 // output has the same bits alone or with others, whatever the number of threads.
 #include <omp.h>
 
@@ -26,6 +26,9 @@ namespace tessera::cpu {
 
 namespace {
 
+constexpr int64_t kQueryTask = -1;  // run_task
+constexpr int64_t kBandOutput = -2;  // run_band over a query's only segment, writing the output
+
 struct Task {
   int64_t seq;
   int64_t kv_head;
@@ -33,7 +36,7 @@ struct Task {
   int64_t q_end;
   int64_t kv_head_end;  // a decode task's band of kv heads [kv_head, kv_head_end), walked together
   int64_t key_lo = 0, key_hi = -1;  // a decode task's segment of keys [key_lo, key_hi]
-  int64_t state = -1;               // where a decode task writes its softmax states (see run_band)
+  int64_t state = kQueryTask;  // a decode task's softmax states (offset, see run_band), or one of:
 };
 
 // A decode sequence's band of kv heads: its segments' states, folded into the output.
@@ -47,10 +50,15 @@ constexpr int64_t kMaxGroup = 64;
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kKeyBlock = 64;
 constexpr int64_t kSegments = 8;
+constexpr int64_t kOneSegmentKeys = 64;
 
-// Keys per segment for a query that sees `keys` keys: whole eights (the transposed keys' chunks),
-// about kSegments segments, so that a decode step has work for as many threads.
-int64_t segment_keys(int64_t keys) { return std::max<int64_t>(8, ((keys + kSegments - 1) / kSegments + 7) / 8 * 8); }
+// Keys per segment for a query that sees `keys` keys: up to kOneSegmentKeys, one segment (a
+// decode splits its heads between threads instead: fewer tasks, no fold); past that whole eights
+// (the transposed keys' chunks), about kSegments segments, so that a decode has work for as many
+// threads.
+int64_t segment_keys(int64_t keys) {
+  return keys <= kOneSegmentKeys ? keys : ((keys + kSegments - 1) / kSegments + 7) / 8 * 8;
+}
 
 // Folds a segment's softmax state (max mb, sum lb, value sum accb) into a running one (m, l, acc).
 // Not inlined: decode and prefill fold with the same instructions (no FMA contraction in one and
@@ -200,7 +208,8 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 // the same bits as run_task's transposed keys. Each query's arithmetic is run_task's for the
 // segment, in the same order (key blocks, block max, correction, exponentials, value sum in key
 // order; cut into eights only where that changes no bits). Writes each query j's state, unscaled,
-// at states + j * (hd + 2): max, sum, value sum.
+// at states + j * (hd + 2): max, sum, value sum; without states (a query's only segment), the
+// output, as fold_band would.
 void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, const VecOps& ops, float* states) {
   const AttentionSeqDesc& s = a.seqs[t.seq];
   const int64_t hd = kv.head_dim;
@@ -252,6 +261,14 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     for_eights(b, n, vrows, [&](int64_t j, int c, int nc, const void* const* r) {
       rows.weighted_sum(scores[j] + c, r, nc, hd, acc + j * hd);
     });
+  }
+  if (states == nullptr) {
+    float* out = a.out + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * group * hd;
+    for (int64_t j = 0; j < queries; ++j) {
+      const float inv = 1.0f / l[j];
+      for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = acc[j * hd + d] * inv;
+    }
+    return;
   }
   for (int64_t j = 0; j < queries; ++j) {
     float* st = states + j * (hd + 2);
@@ -327,13 +344,19 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
       const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
       const int64_t seg = segment_keys(pos - lo + 1);
       const int64_t segments = (pos - lo + seg) / seg;
-      // About two tasks a thread for this sequence's share of the keys; bands of heads where its
-      // segments are fewer.
-      const int64_t wanted = (2 * threads * s.context_len + pairs - 1) / pairs;
-      const int64_t n_bands = std::clamp<int64_t>((wanted + segments - 1) / segments, 1, kv.n_kv_heads);
+      // This sequence's share of the threads by its share of the keys: one task each for a
+      // single segment (bands of heads), about two each for segments (bands of heads where the
+      // segments are fewer).
+      const int64_t share = (threads * s.context_len + pairs - 1) / pairs;
+      const int64_t n_bands = std::clamp<int64_t>(segments == 1 ? share : (2 * share + segments - 1) / segments,
+                                                  1, kv.n_kv_heads);
       const int64_t per_band = std::min((kv.n_kv_heads + n_bands - 1) / n_bands, max_band);
       for (int64_t h = 0; h < kv.n_kv_heads; h += per_band) {
         const int64_t h_end = std::min(kv.n_kv_heads, h + per_band);
+        if (segments == 1) {
+          tasks.push_back({si, h, 0, 1, h_end, lo, pos, kBandOutput});
+          continue;
+        }
         folds.push_back({si, h, h_end, n_states, segments});
         for (int64_t sg = 0; sg < segments; ++sg) {
           tasks.push_back({si, h, 0, 1, h_end, lo + sg * seg, std::min(pos, lo + (sg + 1) * seg - 1), n_states});
@@ -356,8 +379,8 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   const std::vector<Task>& list = tasks;
   const std::vector<FoldJob>& fold_list = folds;
   auto run = [&](const Task& t) {
-    if (t.state >= 0) {
-      run_band(a, kv, t, ops, states + t.state);
+    if (t.state != kQueryTask) {
+      run_band(a, kv, t, ops, t.state == kBandOutput ? nullptr : states + t.state);
     } else {
       run_task(a, kv, t, ops);
     }

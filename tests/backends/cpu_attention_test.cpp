@@ -86,7 +86,8 @@ TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
       return out;
     };
     const auto together = run(0, kQueries);
-    // Decode over 144 to 150 keys: segments of 24, split between 1, 2 or 3 threads.
+    // Decode over 144 to 150 keys: segments of 24 split between 1, 2 or 3 threads; over the
+    // window's 37, one segment in bands of heads.
     for (const int threads : {1, 2, 3}) {
       b.set_threads(threads);
       for (int64_t i = 0; i < kQueries; ++i) {
