@@ -72,6 +72,12 @@ __attribute__((noinline)) void fold_segment(float& m, float& l, float* acc, floa
   m = new_m;
 }
 
+// A query's output from its final state: the value sum over the exponentials' sum.
+void finish_query(const float* acc, float l, int64_t hd, float* out) {
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
+}
+
 // Addresses of keys [first_key, first_key + n) of one kv head, K and V, from the sequence's block
 // table. Walks the table instead of dividing per key (a division costs more than the dot product of
 // a small head).
@@ -193,10 +199,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       }
     }
     float* out = a.out + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      const float inv = 1.0f / l[g];
-      for (int64_t d = 0; d < hd; ++d) out[g * hd + d] = acc[g * hd + d] * inv;
-    }
+    for (int64_t g = 0; g < group; ++g) finish_query(acc + g * hd, l[g], hd, out + g * hd);
   }
 }
 
@@ -264,10 +267,7 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   }
   if (states == nullptr) {
     float* out = a.out + (s.q_start + t.q_begin) * a.n_heads * hd + t.kv_head * group * hd;
-    for (int64_t j = 0; j < queries; ++j) {
-      const float inv = 1.0f / l[j];
-      for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = acc[j * hd + d] * inv;
-    }
+    for (int64_t j = 0; j < queries; ++j) finish_query(acc + j * hd, l[j], hd, out + j * hd);
     return;
   }
   for (int64_t j = 0; j < queries; ++j) {
@@ -295,8 +295,7 @@ void fold_band(const AttentionArgs& a, const KvLayerView& kv, const FoldJob& f, 
       const float* more = st + sg * stride;
       fold_segment(m, l, acc, more[0], more[1], more + 2, hd);
     }
-    const float inv = 1.0f / l;
-    for (int64_t d = 0; d < hd; ++d) out[j * hd + d] = acc[d] * inv;
+    finish_query(acc, l, hd, out + j * hd);
   }
 }
 
