@@ -8,8 +8,9 @@
 // and the states are folded in key order (fold_segment). Decode splits a sequence's segments
 // between threads, so that each thread reads whole K and V rows one after another (split by heads,
 // each thread read part of every row: an int8 110m decode of 1000 tokens spent 12-19% more time
-// in attention, in 3 alternating pairs of runs). Prefill and verification fold the same segments in the same order: a query's
-// output has the same bits alone or with others, whatever the number of threads.
+// in attention, in 3 alternating pairs of runs). Prefill and verification fold the same segments
+// in the same order: a query's output has the same bits alone or with others, whatever the number
+// of threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ struct Task {
   int64_t q_end;
   int64_t kv_head_end;  // a decode task's band of kv heads [kv_head, kv_head_end), walked together
   int64_t key_lo = 0, key_hi = -1;  // a decode task's segment of keys [key_lo, key_hi]
-  int64_t state = kQueryTask;  // a decode task's softmax states (offset, see run_band), or one of:
+  int64_t state = kQueryTask;  // a decode task's states (offset, see run_band), or kBandOutput
 };
 
 // A decode sequence's band of kv heads: its segments' states, folded into the output.
@@ -143,14 +144,14 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   float sm[kMaxGroup], sl[kMaxGroup];
   thread_local std::vector<float> sacc;
   sacc.resize(size_t(group * hd));
+  auto fresh = [&](float* m, float* l, float* acc) {
+    std::fill(m, m + group, -INFINITY);
+    std::fill(l, l + group, 0.0f);
+    std::fill(acc, acc + group * hd, 0.0f);
+  };
   for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
     const int64_t pos = first_pos + qi;
     const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
-    auto fresh = [&](float* m, float* l, float* acc) {
-      std::fill(m, m + group, -INFINITY);
-      std::fill(l, l + group, 0.0f);
-      std::fill(acc, acc + group * hd, 0.0f);
-    };
     // Online softmax over keys [lo, hi], in chunks of kKeyBlock, continuing the state in m, l, acc.
     auto visit = [&](int64_t lo, int64_t hi, float* m, float* l, float* acc) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
