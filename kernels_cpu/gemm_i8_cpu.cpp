@@ -288,7 +288,9 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
 #endif
 
   // Work units: the packed panels (in decode, groups of kI8DecodePanels that the kernel streams side
-  // by side), then the row-major tiles after them.
+  // by side), then the row-major tiles after them. Decode claims half of what is left of a band at
+  // a time (not an eighth): the kernel's streams run through a claim, so larger claims make longer
+  // streams; the stolen units at the end still balance the threads.
   const int64_t per_unit = m == 1 ? kI8DecodePanels : 1;
   const int64_t panel_units = (panels + per_unit - 1) / per_unit;
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
@@ -314,7 +316,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
-  StealingBands units(panel_units + row_tiles, omp_get_max_threads());
+  StealingBands units(panel_units + row_tiles, omp_get_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor);
   Scratch* caller = &mine;
 #pragma omp parallel
   {

@@ -9,7 +9,9 @@
 // exact, like the vpmaddubsw path, with no per-pair sign fix-up. A 6 x 16 tile of y keeps 12
 // int32 accumulators in registers; each pair step costs 2 loads and 24 integer ops for 192
 // multiply-adds, about 1.5x what the FMA units do on f32 (measured), so int8 prefill is faster
-// than f32. Decode (m = 1) reads each panel once, four neighbouring panels side by side (panels_into_y).
+// than f32. Decode (m = 1) reads each panel once, four panels side by side (panels_into_y): a
+// quarter of the thread's claimed panels apart, so that each of the four streams runs on through
+// its quarter.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -85,16 +87,17 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
   _mm256_storeu_ps(y + 8, _mm256_mul_ps(hi, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8))));
 }
 
-// Decode over P neighbouring panels at once (P <= kI8DecodePanels), without software prefetch: P
-// sequential streams are what the hardware prefetcher keeps fed best. On this project's VM, in
-// minutes when the bandwidth probe reads 44-47 GB/s, four streams read at the probe's rate where one
-// stream with a prefetch ahead fell 8% short, and the int8 110m decode ran 13-24% faster; in
-// slower minutes the two were equal (BM_DecodeRoofline, 4 + 5 alternating pairs). A lone panel
-// keeps row_into_y's prefetch: one stream without it reads ~10% slower.
+// Decode over P panels at once (P <= kI8DecodePanels), `spacing` panels apart, without software
+// prefetch: P sequential streams are what the hardware prefetcher keeps fed best. On this project's
+// VM, in minutes when the bandwidth probe reads 44-47 GB/s, four streams read at the probe's rate
+// where one stream with a prefetch ahead fell 8% short, and the int8 110m decode ran 13-24% faster;
+// in slower minutes the two were equal (BM_DecodeRoofline, 4 + 5 alternating pairs). One stream
+// through four interleaved panels lost 10-20%. A lone panel keeps row_into_y's prefetch: one stream
+// without it reads ~10% slower.
 template <int P>
-__attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kh, float sx,
-                                                       const float* scales, float* y) {
-  const int64_t stride = kh * 2 * kPanel;
+__attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kh,
+                                                       int64_t spacing, float sx, const float* scales, float* y) {
+  const int64_t stride = spacing * kh * 2 * kPanel;
   __m256i acc[P][2];
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_si256();
@@ -105,8 +108,9 @@ __attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const 
   const __m256 s = _mm256_set1_ps(sx);
 #pragma GCC unroll 8
   for (int i = 0; i < 2 * P; ++i) {
+    const int64_t at = (i / 2) * spacing * kPanel + (i % 2) * 8;
     const __m256 v = _mm256_cvtepi32_ps(acc[i / 2][i % 2]);
-    _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(v, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8 * i))));
+    _mm256_storeu_ps(y + at, _mm256_mul_ps(v, _mm256_mul_ps(s, _mm256_loadu_ps(scales + at))));
   }
 }
 
@@ -169,11 +173,26 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
   const auto* panels = static_cast<const int8_t*>(w.data);
   if (m == 1 && k % 2 == 0) {
     static_assert(kI8DecodePanels == 4);
-    using RowsFn = void (*)(const int32_t*, const int8_t*, int64_t, float, const float*, float*);
-    constexpr RowsFn kRows[5] = {nullptr, row_into_y, panels_into_y<2>, panels_into_y<3>, panels_into_y<4>};
+    // Whole units: four streams through the range's quarters. Each stream then reads panels one
+    // after another for as long as the range lasts, where four neighbouring panels at a time
+    // restarted every stream after one panel (12 KiB at k = 768): the int8 110m decode reads
+    // 2-4% closer to the bandwidth probe, 6-10% with gemm_i8's larger claims.
+    if ((q1 - q0) % kI8DecodePanels == 0 && q1 - q0 > kI8DecodePanels) {
+      const int64_t spacing = (q1 - q0) / kI8DecodePanels;
+      for (int64_t q = q0; q < q0 + spacing; ++q) {
+        panels_into_y<4>(xp, panels + q * kPanel * k, kh, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel);
+      }
+      return;
+    }
+    using RowsFn = void (*)(const int32_t*, const int8_t*, int64_t, int64_t, float, const float*, float*);
+    constexpr RowsFn kRows[5] = {nullptr, nullptr, panels_into_y<2>, panels_into_y<3>, panels_into_y<4>};
     for (int64_t q = q0; q < q1; q += kI8DecodePanels) {
-      kRows[std::min(kI8DecodePanels, q1 - q)](xp, panels + q * kPanel * k, kh, sx[0], w.scales + q * kPanel,
-                                               y + q * kPanel);
+      const int64_t count = std::min(kI8DecodePanels, q1 - q);
+      if (count == 1) {
+        row_into_y(xp, panels + q * kPanel * k, kh, sx[0], w.scales + q * kPanel, y + q * kPanel);
+      } else {
+        kRows[count](xp, panels + q * kPanel * k, kh, 1, sx[0], w.scales + q * kPanel, y + q * kPanel);
+      }
     }
     return;
   }

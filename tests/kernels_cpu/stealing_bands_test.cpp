@@ -28,16 +28,19 @@ std::vector<std::vector<int64_t>> hand_out(StealingBands& units, int team) {
 TEST(StealingBands, EveryUnitGoesToExactlyOneThread) {
   for (int threads : {1, 2, 3, 8}) {
     for (int64_t n : {0, 1, 5, 64, 1001}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + ", units " + std::to_string(n));
-      for (int round = 0; round < 20; ++round) {
-        StealingBands units(n, threads);
-        std::vector<int64_t> all;
-        for (const auto& g : hand_out(units, threads)) all.insert(all.end(), g.begin(), g.end());
-        std::sort(all.begin(), all.end());
-        std::vector<int64_t> want(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) want[size_t(i)] = i;
-        ASSERT_EQ(all, want);
-        EXPECT_TRUE(units.next(0).empty()) << "all taken";
+      for (int64_t divisor : {int64_t{1}, int64_t{2}, StealingBands::kClaimDivisor}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", units " + std::to_string(n) + ", divisor " +
+                     std::to_string(divisor));
+        for (int round = 0; round < 20; ++round) {
+          StealingBands units(n, threads, divisor);
+          std::vector<int64_t> all;
+          for (const auto& g : hand_out(units, threads)) all.insert(all.end(), g.begin(), g.end());
+          std::sort(all.begin(), all.end());
+          std::vector<int64_t> want(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) want[size_t(i)] = i;
+          ASSERT_EQ(all, want);
+          EXPECT_TRUE(units.next(0).empty()) << "all taken";
+        }
       }
     }
   }
@@ -85,6 +88,20 @@ TEST(StealingBands, AnOwnerClaimsAnEighthOfWhatIsLeftAndThievesOneUnit) {
   r = units.next(1);
   EXPECT_EQ(r.begin, 80) << "the owner still starts at its front";
   EXPECT_EQ(r.end, 89) << "an eighth of the 79 units left";
+}
+
+TEST(StealingBands, AnotherDivisorChangesWhatAnOwnerClaimsNotWhatAThiefTakes) {
+  StealingBands units(160, 2, 2);  // decode's int8 GEMV claims halves
+  UnitRange r = units.next(0);
+  EXPECT_EQ(r.begin, 0);
+  EXPECT_EQ(r.end, 40);
+  r = units.next(0);
+  EXPECT_EQ(r.end, 60);  // 40 left: 20
+  while (units.next(0).begin < 80) {
+  }
+  r = units.next(1);
+  EXPECT_EQ(r.begin, 80);
+  EXPECT_EQ(r.end, 119) << "half of the 79 units left";
 }
 
 }  // namespace
