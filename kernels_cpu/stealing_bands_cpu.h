@@ -85,8 +85,8 @@ class StealingBands {
 
 // body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above.
 template <class Body>
-void for_units(int64_t n, const Body& body) {
-  StealingBands units(n, omp_get_max_threads());
+void for_units(int64_t n, const Body& body, int64_t claim_divisor = StealingBands::kClaimDivisor) {
+  StealingBands units(n, omp_get_max_threads(), claim_divisor);
 #pragma omp parallel
   {
     const int t = omp_get_thread_num();
