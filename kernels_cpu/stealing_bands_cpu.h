@@ -26,8 +26,8 @@ class StealingBands {
  public:
   static constexpr int64_t kClaimDivisor = 8;
 
-  StealingBands(int64_t n, int threads, int64_t claim_divisor = kClaimDivisor)
-      : bands_(size_t(threads)), divisor_(claim_divisor) {
+  StealingBands(int64_t n, int threads, int64_t claim_divisor = kClaimDivisor, int64_t claim_grain = 1)
+      : bands_(size_t(threads)), divisor_(claim_divisor), grain_(claim_grain) {
     const int64_t per = (n + threads - 1) / threads;
     for (int t = 0; t < threads; ++t) {
       const int64_t b = std::min(n, per * t), e = std::min(n, per * (t + 1));
@@ -36,12 +36,12 @@ class StealingBands {
   }
 
   // The next units for thread t: from the front of its own band a share of what is left there (an
-  // eighth unless the caller chose another divisor; at least one; few claims while much is left,
-  // small ones as the bands meet), else one unit from the back of the fullest band. Empty when
-  // every unit is taken.
+  // eighth unless the caller chose another divisor, rounded down to whole multiples of the grain;
+  // at least one grain or what is left; few claims while much is left, small ones as the bands
+  // meet), else one unit from the back of the fullest band. Empty when every unit is taken.
   UnitRange next(int t) {
     if (size_t(t) < bands_.size()) {
-      const UnitRange own = take(bands_[size_t(t)], true, divisor_);
+      const UnitRange own = take(bands_[size_t(t)], true, divisor_, grain_);
       if (!own.empty()) return own;
     }
     for (;;) {
@@ -52,7 +52,7 @@ class StealingBands {
         if (end_of(r) - begin_of(r) > most) most = end_of(r) - begin_of(r), victim = &b;
       }
       if (victim == nullptr) return {};
-      const UnitRange stolen = take(*victim, false, divisor_);
+      const UnitRange stolen = take(*victim, false, divisor_, grain_);
       if (!stolen.empty()) return stolen;
     }
   }
@@ -66,12 +66,12 @@ class StealingBands {
   static int64_t begin_of(uint64_t r) { return int64_t(r >> 32); }
   static int64_t end_of(uint64_t r) { return int64_t(r & 0xffffffffu); }
 
-  static UnitRange take(Band& band, bool front, int64_t divisor) {
+  static UnitRange take(Band& band, bool front, int64_t divisor, int64_t grain) {
     uint64_t r = band.range.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t b = begin_of(r), e = end_of(r);
       if (b >= e) return {};
-      const int64_t count = front ? std::max<int64_t>(1, (e - b) / divisor) : 1;
+      const int64_t count = front ? std::min(e - b, std::max(grain, (e - b) / divisor / grain * grain)) : 1;
       const uint64_t taken = front ? pack(b + count, e) : pack(b, e - 1);
       if (band.range.compare_exchange_weak(r, taken, std::memory_order_relaxed)) {
         return front ? UnitRange{b, b + count} : UnitRange{e - 1, e};
@@ -80,7 +80,7 @@ class StealingBands {
   }
 
   std::vector<Band> bands_;
-  int64_t divisor_;
+  int64_t divisor_, grain_;
 };
 
 // body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above.

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "stealing_bands_cpu.h"
@@ -28,11 +29,11 @@ std::vector<std::vector<int64_t>> hand_out(StealingBands& units, int team) {
 TEST(StealingBands, EveryUnitGoesToExactlyOneThread) {
   for (int threads : {1, 2, 3, 8}) {
     for (int64_t n : {0, 1, 5, 64, 1001}) {
-      for (int64_t divisor : {int64_t{1}, int64_t{2}, StealingBands::kClaimDivisor}) {
+      for (const auto [divisor, grain] : {std::pair<int64_t, int64_t>{1, 1}, {2, 4}, {StealingBands::kClaimDivisor, 1}}) {
         SCOPED_TRACE("threads " + std::to_string(threads) + ", units " + std::to_string(n) + ", divisor " +
-                     std::to_string(divisor));
+                     std::to_string(divisor) + ", grain " + std::to_string(grain));
         for (int round = 0; round < 20; ++round) {
-          StealingBands units(n, threads, divisor);
+          StealingBands units(n, threads, divisor, grain);
           std::vector<int64_t> all;
           for (const auto& g : hand_out(units, threads)) all.insert(all.end(), g.begin(), g.end());
           std::sort(all.begin(), all.end());
@@ -90,18 +91,27 @@ TEST(StealingBands, AnOwnerClaimsAnEighthOfWhatIsLeftAndThievesOneUnit) {
   EXPECT_EQ(r.end, 89) << "an eighth of the 79 units left";
 }
 
-TEST(StealingBands, AnotherDivisorChangesWhatAnOwnerClaimsNotWhatAThiefTakes) {
-  StealingBands units(160, 2, 2);  // decode's int8 GEMV claims halves
+TEST(StealingBands, DivisorAndGrainChangeWhatAnOwnerClaimsNotWhatAThiefTakes) {
+  StealingBands units(160, 2, 2, 4);  // decode's int8 GEMV: halves, in whole groups of 4 panels
   UnitRange r = units.next(0);
   EXPECT_EQ(r.begin, 0);
   EXPECT_EQ(r.end, 40);
   r = units.next(0);
   EXPECT_EQ(r.end, 60);  // 40 left: 20
-  while (units.next(0).begin < 80) {
-  }
+  r = units.next(0);
+  EXPECT_EQ(r.end, 68);  // 20 left: 10, rounded down to 8
+  r = units.next(0);
+  EXPECT_EQ(r.end, 72);  // 12 left: 6, rounded down to 4
+  r = units.next(0);
+  EXPECT_EQ(r.end, 76);  // 8 left: 4
+  r = units.next(0);
+  EXPECT_EQ(r.end, 80) << "never less than the grain while the band has it";
+  r = units.next(0);
+  EXPECT_EQ(r.begin, 159) << "a thief takes one unit, whatever the grain";
+  EXPECT_EQ(r.end, 160);
   r = units.next(1);
   EXPECT_EQ(r.begin, 80);
-  EXPECT_EQ(r.end, 119) << "half of the 79 units left";
+  EXPECT_EQ(r.end, 116) << "half of the 79 units left, rounded down to 36";
 }
 
 }  // namespace
