@@ -147,8 +147,20 @@ int64_t i8_panel_rows(const WeightView& w) {
   return (w.kernel_variant & kI8PackedPanels) != 0 ? (w.rows / kPanel) * kPanel : 0;
 }
 
+// One row (decode): its pairs are the row widened to int16, sixteen values an instruction.
+__attribute__((target("avx2"))) void widen_row(const int8_t* row, int64_t kh, int32_t* xp) {
+  auto* out = reinterpret_cast<int16_t*>(xp);
+  int64_t c = 0;
+  for (; c + 16 <= 2 * kh; c += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), _mm256_cvtepi8_epi16(v));
+  }
+  for (; c < 2 * kh; ++c) out[c] = row[c];
+}
+
 void pack_x_pairs(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp) {
   const int64_t kh = k / 2;
+  if (m == 1 && b0 == 0 && b1 == 1) return widen_row(xq, kh, xp);  // little-endian: low half first
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * kMr;
     const int64_t mr = std::min(kMr, m - i0);
