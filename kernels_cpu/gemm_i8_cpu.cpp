@@ -291,8 +291,8 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   // is left of a band at a time (not an eighth), in whole groups of the kI8DecodePanels that the
   // kernel streams side by side: its streams run through a claim, so larger claims make longer
   // streams. A thief takes one panel, so that the threads finish at most a panel apart (with units
-  // of four panels, the thread done first waited 4-5% of the GEMVs' time at the join in the fast
-  // minutes, 3.7% with single panels).
+  // of four panels, in the fast minutes, neither thread worked in 4.8-5.3% of the GEMV regions'
+  // time; 3.7-4.6% with single panels: scripts/omp_regions.sh around BM_DecodeRoofline/1).
   const int64_t panel_units = panels;
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {

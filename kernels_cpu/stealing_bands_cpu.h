@@ -41,7 +41,7 @@ class StealingBands {
   // meet), else one unit from the back of the fullest band. Empty when every unit is taken.
   UnitRange next(int t) {
     if (size_t(t) < bands_.size()) {
-      const UnitRange own = take(bands_[size_t(t)], true, divisor_, grain_);
+      const UnitRange own = take(bands_[size_t(t)], true);
       if (!own.empty()) return own;
     }
     for (;;) {
@@ -52,7 +52,7 @@ class StealingBands {
         if (end_of(r) - begin_of(r) > most) most = end_of(r) - begin_of(r), victim = &b;
       }
       if (victim == nullptr) return {};
-      const UnitRange stolen = take(*victim, false, divisor_, grain_);
+      const UnitRange stolen = take(*victim, false);
       if (!stolen.empty()) return stolen;
     }
   }
@@ -66,12 +66,12 @@ class StealingBands {
   static int64_t begin_of(uint64_t r) { return int64_t(r >> 32); }
   static int64_t end_of(uint64_t r) { return int64_t(r & 0xffffffffu); }
 
-  static UnitRange take(Band& band, bool front, int64_t divisor, int64_t grain) {
+  UnitRange take(Band& band, bool front) const {
     uint64_t r = band.range.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t b = begin_of(r), e = end_of(r);
       if (b >= e) return {};
-      const int64_t count = front ? std::min(e - b, std::max(grain, (e - b) / divisor / grain * grain)) : 1;
+      const int64_t count = front ? std::min(e - b, std::max(grain_, (e - b) / divisor_ / grain_ * grain_)) : 1;
       const uint64_t taken = front ? pack(b + count, e) : pack(b, e - 1);
       if (band.range.compare_exchange_weak(r, taken, std::memory_order_relaxed)) {
         return front ? UnitRange{b, b + count} : UnitRange{e - 1, e};
