@@ -187,8 +187,9 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     static_assert(kI8DecodePanels == 4);
     // Whole units: four streams through the range's quarters. Each stream then reads panels one
     // after another for as long as the range lasts, where four neighbouring panels at a time
-    // restarted every stream after one panel (12 KiB at k = 768): the int8 110m decode reads
-    // 2-4% closer to the bandwidth probe, 6-10% with gemm_i8's larger claims.
+    // restarted every stream after one panel (12 KiB at k = 768): the int8 110m decode read 1-8%
+    // closer to the bandwidth probe (BM_DecodeRoofline/1, 5 alternating pairs), and with gemm_i8's
+    // larger claims 6-10% in the fast minutes, 2-6% in the common ones (4 pairs).
     if ((q1 - q0) % kI8DecodePanels == 0 && q1 - q0 > kI8DecodePanels) {
       const int64_t spacing = (q1 - q0) / kI8DecodePanels;
       for (int64_t q = q0; q < q0 + spacing; ++q) {
