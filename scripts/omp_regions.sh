@@ -4,9 +4,9 @@
 # works in it. Wraps GOMP_parallel through LD_PRELOAD; the command runs unchanged otherwise.
 #   scripts/omp_regions.sh build/bin/tessera run -m MODEL -p pipelines/int8.yaml -n 64 --ignore-eos "Once upon a time"
 # Prints at exit, per region (its outlined function): calls, wall seconds, the seconds threads 0 and 1
-# worked in it (the rest is fork latency and waiting at the join), and the mean of each call's fork
-# (from the call to thread 1's start), uneven (between the two threads' ends) and join (from the later
-# end to the return), in microseconds; then the gaps between regions.
+# worked in it (the rest is fork latency and waiting at the join), and over the calls that ran as a
+# team, the mean fork (from the call to thread 1's start), uneven (between the two threads' ends) and
+# join (from the later end to the return), in microseconds; then the gaps between regions.
 # Load time is included: compare runs of the same command, or subtract a run with -n 1.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
@@ -21,7 +21,7 @@ cat >"$dir/shim.c" <<'EOF'
 #include <time.h>
 
 enum { kSites = 64 };
-struct Site { void (*fn)(void*); long calls; double wall, busy[2], fork, uneven, join; };
+struct Site { void (*fn)(void*); long calls, teamed; double wall, busy[2], fork, uneven, join; };
 static struct Site sites[kSites];
 static double gap_total, gap_short, last_end;  // gap_short: gaps under 10 us (inside a step)
 
@@ -62,6 +62,7 @@ void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned fla
   sites[s].wall += last_end - t0;
   ++sites[s].calls;
   if (c.start[1] > 0) {  // a team of two or more: the second thread's start, the ends' spread, the return
+    ++sites[s].teamed;
     sites[s].fork += c.start[1] - t0;
     const double first = c.end[0] < c.end[1] ? c.end[0] : c.end[1], last = c.end[0] + c.end[1] - first;
     sites[s].uneven += last - first;
@@ -76,9 +77,10 @@ __attribute__((destructor)) static void report(void) {
   for (int s = 0; s < kSites && sites[s].fn; ++s) {
     Dl_info info;
     const int named = dladdr((void*)sites[s].fn, &info) && info.dli_fname;
-    fprintf(out, "site %s 0x%lx %ld %.4f %.4f %.4f %.4f %.4f %.4f\n", named ? info.dli_fname : "?",
+    const double us = sites[s].teamed > 0 ? 1e6 / sites[s].teamed : 0;  // per call that ran as a team
+    fprintf(out, "site %s 0x%lx %ld %.4f %.4f %.4f %.2f %.2f %.2f\n", named ? info.dli_fname : "?",
             named ? (unsigned long)((char*)sites[s].fn - (char*)info.dli_fbase) : 0UL, sites[s].calls, sites[s].wall,
-            sites[s].busy[0], sites[s].busy[1], sites[s].fork, sites[s].uneven, sites[s].join);
+            sites[s].busy[0], sites[s].busy[1], sites[s].fork * us, sites[s].uneven * us, sites[s].join * us);
     wall += sites[s].wall;
   }
   fprintf(out, "total %.4f %.4f %.4f\n", wall, gap_total, gap_short);
@@ -95,9 +97,8 @@ grep -q "^site" "$dir/report" 2>/dev/null || { echo "omp_regions: no parallel re
   while read -r kind lib offset calls wall busy0 busy1 fork uneven join; do
     if [ "$kind" = site ]; then
       name=$(nm -C "$lib" 2>/dev/null | awk -v a="$(printf '%016x' "$offset")" '$1 == a { $1 = ""; $2 = ""; print; exit }' | sed -E 's/^ *//; s/\(.*\)//' || true)
-      per_call() { python3 -c 'import sys; print(f"{1e6 * float(sys.argv[1]) / max(1, int(sys.argv[2])):.2f}")' "$1" "$calls"; }
       printf '%-48.48s %7d %8.3f %8.3f %8.3f %8s %8s %8s\n' "${name:-$(basename "$lib")+$offset}" "$calls" "$wall" "$busy0" \
-        "$busy1" "$(per_call "$fork")" "$(per_call "$uneven")" "$(per_call "$join")"
+        "$busy1" "$fork" "$uneven" "$join"
     else
       # total: wall in regions, gaps between them (under 1 ms), the part of the gaps under 10 us
       python3 -c 'import sys; w, g, s = map(float, sys.argv[1:]); print(f"in regions {w:.3f} s; between regions {g:.3f} s ({100 * g / (w + g):.1f}%), {s:.3f} s of it in gaps under 10 us")' "$lib" "$offset" "$calls"
