@@ -262,7 +262,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   if (m <= 0 || n <= 0) return;
-  // Each thread's scratch: x quantized, and for the panels as int16 pairs packed per 6-row block.
+  // Each thread's scratch: x quantized, and for the panels its |x| and x quads packed per 6-row block.
   struct Scratch {
     std::vector<int8_t> xq;
     std::vector<float> sx;
@@ -271,7 +271,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   thread_local Scratch mine;
   const int64_t panel_rows = avx2 ? i8_panel_rows(w) : 0;
   const int64_t panels = panel_rows / 16;
-  const int64_t blocks = x_pair_blocks(m);
+  const int64_t blocks = x_quad_blocks(m);
   auto size_scratch = [&](Scratch& s) {
     s.xq.resize(size_t(m * k));
     s.sx.resize(size_t(m));
@@ -307,7 +307,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
     quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, s.xq.data(), s.sx.data(), avx2);
-    if (panel_rows > 0) pack_x_pairs(s.xq.data(), m, k, b0, b1, s.xp.data());
+    if (panel_rows > 0) pack_x_quads(s.xq.data(), m, k, b0, b1, s.xp.data());
   };
 
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {

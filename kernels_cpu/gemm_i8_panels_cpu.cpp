@@ -1,20 +1,27 @@
 // The default int8 GEMM's packed layout and its kernel (gemm_i8_cpu.cpp quantizes x and calls in).
 //
-// Layout (prepare_weight_i8): rows in panels of 16. A panel stores, for each pair of columns
-// (2h, 2h+1), the 16 rows' two values side by side — [row 0: c, c+1][row 1: c, c+1]... 32 bytes —
-// then, when k is odd, the 16 rows' last column. Rows after the last full panel stay row-major.
+// Layout (prepare_weight_i8): rows in panels of 16. A panel stores, for each quad of columns
+// (4q .. 4q+3), 64 bytes: rows 0-7's four values side by side, then rows 8-15's; then the columns
+// after the last whole quad (k % 4 of them), 16 bytes each, one per row. Rows after the last full
+// panel stay row-major.
 //
-// Kernel: weights are sign-extended to int16 and multiplied with vpmaddwd against a broadcast pair
-// of int16 activations, so one instruction does 16 products and sums them in pairs into int32 —
-// exact, like the vpmaddubsw path, with no per-pair sign fix-up. A 6 x 16 tile of y keeps 12
-// int32 accumulators in registers; each pair step costs 2 loads and 24 integer ops for 192
-// multiply-adds, about 1.5x what the FMA units do on f32 (measured), so int8 prefill is faster
-// than f32. Decode (m = 1) reads each panel once, four panels side by side (panels_into_y): a
-// quarter of the thread's claimed panels apart, so that each of the four streams runs on through
-// its quarter.
+// Kernel: vpmaddubsw multiplies 32 bytes of a panel (8 rows x 4 columns) with a broadcast quad of
+// |x| and sums the products in pairs into int16; vpmaddwd against ones sums the pairs into int32,
+// one lane per row. vpmaddubsw wants one unsigned operand, so the weights take the sign of x
+// (vpsignb); with |x|, |w| <= 127 (both quantized symmetric to ±127) a pair is at most
+// 2·127·127 = 32258 and the int16 step cannot saturate: exact, like the row-major path. Four
+// vector operations per 32 products, where widening the weights to int16 for vpmaddwd (the
+// previous layout, 16 rows x 2 columns) took six: decode GEMVs from cache ran 15-35% faster
+// (BM_Gemm/2/1, 2 threads), room the core uses to keep more of the memory stream in flight, and
+// the int8 110m decode read closer to the bandwidth probe (BM_DecodeRoofline/1 median share
+// 0.84-0.87 -> 0.88-0.91 with the probe at 42-48 GB/s, 5 alternating pairs). Prefill does the same
+// multiplies either way. A 6 x 16 tile of y keeps 12 int32 accumulators in registers (prefill). Decode (m = 1) reads each panel once, four panels side by side
+// (panels_into_y): a quarter of the thread's claimed panels apart, so that each of the four
+// streams runs on through its quarter.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -24,27 +31,38 @@ namespace tessera::cpu {
 namespace {
 
 constexpr int64_t kPanel = 16;
+constexpr int64_t kQuadBytes = 4 * kPanel;  // one quad of columns of a panel
 constexpr int64_t kMr = 6;
 constexpr int64_t kPrefetchBytes = 2048;
 
-// out[MR][16] = exact int32 dots over the kh column pairs.
+__attribute__((target("avx2"))) inline __m256i broadcast_quad(const int32_t* p) { return _mm256_set1_epi32(*p); }
+
+// acc += the int32 dots of 8 rows (32 bytes at w) with one quad of x, given as |x| and x.
+__attribute__((target("avx2"))) inline void add_quad(__m256i ax, __m256i sx, const void* w, __m256i ones,
+                                                     __m256i& acc) {
+  const __m256i wv = _mm256_loadu_si256(static_cast<const __m256i*>(w));
+  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv, sx)), ones));
+}
+
+// out[MR][16] = exact int32 dots over the kq column quads; xp holds, per quad, each row's |x| and
+// x quads (pack_x_quads).
 template <int MR>
-__attribute__((target("avx2,fma"))) void tile(const int32_t* xp, const int8_t* wp, int64_t kh, int32_t* out) {
+__attribute__((target("avx2,fma"))) void tile(const int32_t* xp, const int8_t* wp, int64_t kq, int32_t* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[MR][2];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
     acc[r][0] = _mm256_setzero_si256();
     acc[r][1] = _mm256_setzero_si256();
   }
-  for (int64_t h = 0; h < kh; ++h) {
-    if constexpr (MR == 1) _mm_prefetch(reinterpret_cast<const char*>(wp + h * 32) + kPrefetchBytes, _MM_HINT_T0);
-    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + h * 32)));
-    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + h * 32 + 16)));
+  for (int64_t q = 0; q < kq; ++q) {
+    if constexpr (MR == 1) _mm_prefetch(reinterpret_cast<const char*>(wp + q * kQuadBytes) + kPrefetchBytes, _MM_HINT_T0);
+    const int32_t* xq = xp + q * MR * 2;
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256i xv = _mm256_set1_epi32(xp[h * MR + r]);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(xv, w0));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(xv, w1));
+      const __m256i ax = broadcast_quad(xq + 2 * r), sx = broadcast_quad(xq + 2 * r + 1);
+      add_quad(ax, sx, wp + q * kQuadBytes, ones, acc[r][0]);
+      add_quad(ax, sx, wp + q * kQuadBytes + 32, ones, acc[r][1]);
     }
   }
 #pragma GCC unroll 6
@@ -54,37 +72,39 @@ __attribute__((target("avx2,fma"))) void tile(const int32_t* xp, const int8_t* w
   }
 }
 
-// Decode (one row of x, k even): tile<1>'s products, four column pairs (two cache lines) per step
-// with one prefetch per line, rescaled straight into y as the general epilogue below does
-// (float(acc) · (sx · scale)). Unrolled so, the loop issues about a third fewer instructions per
-// byte than tile<1>'s, which leaves the core room to keep more of the stream in flight: the int8
-// 110m decode runs 5-15% faster (alternating `tessera run` processes and BM_DecodeRoofline runs).
-__attribute__((target("avx2,fma"))) inline void add_pair(const int32_t* xp, const int8_t* wp, int64_t h, __m256i& lo,
-                                                         __m256i& hi) {
-  const __m256i xv = _mm256_set1_epi32(xp[h]);
-  const auto* w = reinterpret_cast<const __m128i*>(wp + h * 32);
-  lo = _mm256_add_epi32(lo, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(w))));
-  hi = _mm256_add_epi32(hi, _mm256_madd_epi16(xv, _mm256_cvtepi8_epi16(_mm_loadu_si128(w + 1))));
+// y[0, 16) = float(acc) · (sx · scale), rows 0-7 from lo and 8-15 from hi.
+__attribute__((target("avx2"))) inline void store_rows(__m256i lo, __m256i hi, float sx, const float* scales, float* y) {
+  const __m256 s = _mm256_set1_ps(sx);
+  _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(s, _mm256_loadu_ps(scales))));
+  _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8))));
 }
 
-__attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kh, float sx,
+// Decode of one panel (one row of x, k a multiple of 4): tile<1>'s products, two quads (two cache
+// lines) per step with one prefetch per line and two accumulator chains, rescaled straight into y
+// as the general epilogue below does. Unrolled so, the loop issues fewer instructions per byte than
+// tile<1>'s, which leaves the core room to keep more of the stream in flight.
+__attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kq, float sx,
                                                     const float* scales, float* y) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-  __m256i b0 = _mm256_setzero_si256(), b1 = _mm256_setzero_si256();
-  int64_t h = 0;
-  for (; h + 4 <= kh; h += 4) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + h * 32) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wp + h * 32) + kPrefetchBytes + 64, _MM_HINT_T0);
-    add_pair(xp, wp, h, a0, a1);
-    add_pair(xp, wp, h + 1, b0, b1);
-    add_pair(xp, wp, h + 2, a0, a1);
-    add_pair(xp, wp, h + 3, b0, b1);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
+  int64_t q = 0;
+  for (; q + 2 <= kq; q += 2) {
+    const int8_t* w = wp + q * kQuadBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 64, _MM_HINT_T0);
+    const __m256i ax0 = broadcast_quad(xp + 2 * q), sx0 = broadcast_quad(xp + 2 * q + 1);
+    const __m256i ax1 = broadcast_quad(xp + 2 * q + 2), sx1 = broadcast_quad(xp + 2 * q + 3);
+    add_quad(ax0, sx0, w, ones, a0);
+    add_quad(ax0, sx0, w + 32, ones, a1);
+    add_quad(ax1, sx1, w + kQuadBytes, ones, b0);
+    add_quad(ax1, sx1, w + kQuadBytes + 32, ones, b1);
   }
-  for (; h < kh; ++h) add_pair(xp, wp, h, a0, a1);
-  const __m256 s = _mm256_set1_ps(sx);
-  const __m256 lo = _mm256_cvtepi32_ps(_mm256_add_epi32(a0, b0)), hi = _mm256_cvtepi32_ps(_mm256_add_epi32(a1, b1));
-  _mm256_storeu_ps(y, _mm256_mul_ps(lo, _mm256_mul_ps(s, _mm256_loadu_ps(scales))));
-  _mm256_storeu_ps(y + 8, _mm256_mul_ps(hi, _mm256_mul_ps(s, _mm256_loadu_ps(scales + 8))));
+  for (; q < kq; ++q) {
+    const __m256i ax = broadcast_quad(xp + 2 * q), sx0 = broadcast_quad(xp + 2 * q + 1);
+    add_quad(ax, sx0, wp + q * kQuadBytes, ones, a0);
+    add_quad(ax, sx0, wp + q * kQuadBytes + 32, ones, a1);
+  }
+  store_rows(_mm256_add_epi32(a0, b0), _mm256_add_epi32(a1, b1), sx, scales, y);
 }
 
 // Decode over P panels at once (P <= kI8DecodePanels), `spacing` panels apart, without software
@@ -95,49 +115,71 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
 // through four interleaved panels lost 10-20%. A lone panel keeps row_into_y's prefetch: one stream
 // without it reads ~10% slower.
 template <int P>
-__attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kh,
+__attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kq,
                                                        int64_t spacing, float sx, const float* scales, float* y) {
-  const int64_t stride = spacing * kh * 2 * kPanel;
+  const int64_t stride = spacing * kq * kQuadBytes;
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[P][2];
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_si256();
-  for (int64_t h = 0; h < kh; ++h) {
+  for (int64_t q = 0; q < kq; ++q) {
+    const __m256i ax = broadcast_quad(xp + 2 * q), sq = broadcast_quad(xp + 2 * q + 1);
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) add_pair(xp, wp + p * stride, h, acc[p][0], acc[p][1]);
+    for (int p = 0; p < P; ++p) {
+      const int8_t* w = wp + p * stride + q * kQuadBytes;
+      add_quad(ax, sq, w, ones, acc[p][0]);
+      add_quad(ax, sq, w + 32, ones, acc[p][1]);
+    }
   }
-  const __m256 s = _mm256_set1_ps(sx);
-#pragma GCC unroll 8
-  for (int i = 0; i < 2 * P; ++i) {
-    const int64_t at = (i / 2) * spacing * kPanel + (i % 2) * 8;
-    const __m256 v = _mm256_cvtepi32_ps(acc[i / 2][i % 2]);
-    _mm256_storeu_ps(y + at, _mm256_mul_ps(v, _mm256_mul_ps(s, _mm256_loadu_ps(scales + at))));
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const int64_t at = p * spacing * kPanel;
+    store_rows(acc[p][0], acc[p][1], sx, scales + at, y + at);
   }
 }
 
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-// The output order of vpmaddwd's lanes: panel byte pair h*32 + 2c holds row c (c < 8 in the first
-// 16 bytes, c >= 8 in the second), so row c of a tile lands in int32 lane c.
-inline int64_t pair_offset(int64_t row, int64_t h) { return h * 32 + row * 2; }
+// Where row `row`'s value of column `col` sits in its panel (col below the last whole quad).
+inline int64_t quad_offset(int64_t row, int64_t col) {
+  return col / 4 * kQuadBytes + row / 8 * 32 + row % 8 * 4 + col % 4;
+}
+
+// One row's quads of |x| and x, interleaved (dst[2q] = |x| quad q, dst[2q + 1] = x quad q): the
+// decode's x, 32 columns an instruction.
+__attribute__((target("avx2"))) void quads_of_row(const int8_t* row, int64_t kq, int32_t* dst) {
+  int64_t q = 0;
+  for (; q + 8 <= kq; q += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 4 * q));
+    const __m256i a = _mm256_abs_epi8(v);
+    // unpack interleaves within 128-bit lanes; the permutes put quads 0-3, then 4-7, in order.
+    const __m256i lo = _mm256_unpacklo_epi32(a, v), hi = _mm256_unpackhi_epi32(a, v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q), _mm256_permute2x128_si256(lo, hi, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+  }
+  for (; q < kq; ++q) {
+    int8_t a[4];
+    for (int i = 0; i < 4; ++i) a[i] = static_cast<int8_t>(std::abs(row[4 * q + i]));
+    std::memcpy(dst + 2 * q, a, 4);
+    std::memcpy(dst + 2 * q + 1, row + 4 * q, 4);
+  }
+}
 
 }  // namespace
 
 void prepare_weight_i8_panels(WeightView& w) {
   const int64_t k = w.cols;
-  const int64_t kh = k / 2;
   auto* data = static_cast<int8_t*>(const_cast<void*>(w.data));
   std::vector<int8_t> rows(size_t(kPanel * k));
   for (int64_t j = 0; j + kPanel <= w.rows; j += kPanel) {
     int8_t* panel = data + j * k;
     std::copy(panel, panel + kPanel * k, rows.begin());
+    const int64_t whole = k / 4 * 4;
     for (int64_t r = 0; r < kPanel; ++r) {
       const int8_t* row = rows.data() + r * k;
-      for (int64_t h = 0; h < kh; ++h) {
-        panel[pair_offset(r, h)] = row[2 * h];
-        panel[pair_offset(r, h) + 1] = row[2 * h + 1];
-      }
-      if (k % 2 != 0) panel[kh * 32 + r] = row[k - 1];
+      for (int64_t c = 0; c < whole; ++c) panel[quad_offset(r, c)] = row[c];
+      for (int64_t c = whole; c < k; ++c) panel[whole * kPanel + (c - whole) * kPanel + r] = row[c];
     }
   }
   w.kernel_variant |= kI8PackedPanels;
@@ -147,43 +189,37 @@ int64_t i8_panel_rows(const WeightView& w) {
   return (w.kernel_variant & kI8PackedPanels) != 0 ? (w.rows / kPanel) * kPanel : 0;
 }
 
-// One row (decode): its pairs are the row widened to int16, sixteen values an instruction.
-__attribute__((target("avx2"))) void widen_row(const int8_t* row, int64_t kh, int32_t* xp) {
-  auto* out = reinterpret_cast<int16_t*>(xp);
-  int64_t c = 0;
-  for (; c + 16 <= 2 * kh; c += 16) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), _mm256_cvtepi8_epi16(v));
-  }
-  for (; c < 2 * kh; ++c) out[c] = row[c];
-}
-
-void pack_x_pairs(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp) {
-  const int64_t kh = k / 2;
-  if (m == 1 && b0 == 0 && b1 == 1) return widen_row(xq, kh, xp);  // little-endian: low half first
+void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp) {
+  const int64_t kq = k / 4;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * kMr;
     const int64_t mr = std::min(kMr, m - i0);
-    int32_t* dst = xp + i0 * kh;
+    int32_t* dst = xp + i0 * kq * 2;
+    if (mr == 1) {
+      quads_of_row(xq + i0 * k, kq, dst);
+      continue;
+    }
     for (int64_t r = 0; r < mr; ++r) {
       const int8_t* row = xq + (i0 + r) * k;
-      for (int64_t h = 0; h < kh; ++h) {
-        dst[h * mr + r] = int32_t(uint32_t(uint16_t(int16_t(row[2 * h]))) |
-                                  (uint32_t(uint16_t(int16_t(row[2 * h + 1]))) << 16));
+      for (int64_t q = 0; q < kq; ++q) {
+        int8_t a[4];
+        for (int i = 0; i < 4; ++i) a[i] = static_cast<int8_t>(std::abs(row[4 * q + i]));
+        std::memcpy(dst + (q * mr + r) * 2, a, 4);
+        std::memcpy(dst + (q * mr + r) * 2 + 1, row + 4 * q, 4);
       }
     }
   }
 }
 
-int64_t x_pair_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
+int64_t x_quad_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
                     int64_t q0, int64_t q1, float* y) {
   const int64_t k = w.cols;
-  const int64_t kh = k / 2;
+  const int64_t kq = k / 4;
   const int64_t n = w.rows;
   const auto* panels = static_cast<const int8_t*>(w.data);
-  if (m == 1 && k % 2 == 0) {
+  if (m == 1 && k % 4 == 0) {
     static_assert(kI8DecodePanels == 4);
     // Whole units: four streams through the range's quarters. Each stream then reads panels one
     // after another for as long as the range lasts, where four neighbouring panels at a time
@@ -193,7 +229,7 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     if ((q1 - q0) % kI8DecodePanels == 0 && q1 - q0 > kI8DecodePanels) {
       const int64_t spacing = (q1 - q0) / kI8DecodePanels;
       for (int64_t q = q0; q < q0 + spacing; ++q) {
-        panels_into_y<4>(xp, panels + q * kPanel * k, kh, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel);
+        panels_into_y<4>(xp, panels + q * kPanel * k, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel);
       }
       return;
     }
@@ -202,26 +238,28 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     for (int64_t q = q0; q < q1; q += kI8DecodePanels) {
       const int64_t count = std::min(kI8DecodePanels, q1 - q);
       if (count == 1) {
-        row_into_y(xp, panels + q * kPanel * k, kh, sx[0], w.scales + q * kPanel, y + q * kPanel);
+        row_into_y(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel, y + q * kPanel);
       } else {
-        kRows[count](xp, panels + q * kPanel * k, kh, 1, sx[0], w.scales + q * kPanel, y + q * kPanel);
+        kRows[count](xp, panels + q * kPanel * k, kq, 1, sx[0], w.scales + q * kPanel, y + q * kPanel);
       }
     }
     return;
   }
   alignas(32) int32_t out[kMr * kPanel];
+  const int64_t whole = kq * 4;
   for (int64_t q = q0; q < q1; ++q) {
     const int8_t* wp = panels + q * kPanel * k;
     const int64_t j = q * kPanel;
     for (int64_t i0 = 0; i0 < m; i0 += kMr) {
       const int64_t mr = std::min(kMr, m - i0);
-      kTiles[mr](xp + i0 * kh, wp, kh, out);
+      kTiles[mr](xp + i0 * kq * 2, wp, kq, out);
       for (int64_t r = 0; r < mr; ++r) {
         const int64_t i = i0 + r;
         int32_t* acc = out + r * kPanel;
-        if (k % 2 != 0) {
-          const int32_t xl = xq[i * k + k - 1];
-          for (int64_t c = 0; c < kPanel; ++c) acc[c] += xl * int32_t(wp[kh * 32 + c]);
+        for (int64_t c = whole; c < k; ++c) {  // the columns after the last whole quad
+          const int32_t xl = xq[i * k + c];
+          const int8_t* wc = wp + whole * kPanel + (c - whole) * kPanel;
+          for (int64_t row = 0; row < kPanel; ++row) acc[row] += xl * int32_t(wc[row]);
         }
         for (int64_t c = 0; c < kPanel; ++c) y[i * n + j + c] = float(acc[c]) * (sx[i] * w.scales[j + c]);
       }

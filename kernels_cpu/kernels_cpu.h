@@ -74,8 +74,8 @@ inline constexpr int32_t kI8PackedPanels = 1 << 8;  // kernel_variant flag
 inline constexpr int64_t kI8DecodePanels = 4;       // panels a decode pass streams side by side
 void prepare_weight_i8_panels(WeightView& w);
 int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 when not packed
-int64_t x_pair_blocks(int64_t m);
-void pack_x_pairs(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
+int64_t x_quad_blocks(int64_t m);
+void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
                     int64_t q0, int64_t q1, float* y);
 void prepare_weight_f32(WeightView& w);

@@ -184,8 +184,9 @@ TEST(QuantInt8, ThreadedKernelMatchesTheReference) {
 
 TEST(QuantInt8, PackedPanelsGiveTheReferenceBitsForEveryKAndBatch) {
   // One to four 16-row panels (decode streams up to four side by side) and 5 row-major rows after
-  // them; k even (decode's pair kernels, unrolled steps and a leftover pair) and odd (the general
-  // tile). Every row of W and x holds its absmax, which quantizes to +-127.
+  // them; k a multiple of four (decode's quad kernels, unrolled steps and a leftover quad) and not
+  // (the general tile, one to three columns after the last quad). Every row of W and x holds its
+  // absmax, which quantizes to +-127.
   for (int64_t k : {4, 8, 200, 201, 202, 203}) {
     for (int64_t n : {21, 37, 53, 69}) {
       const auto w = random_floats(size_t(n * k), uint32_t(100 + k + n));
