@@ -293,16 +293,15 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   // streams. A thief takes one panel, so that the threads finish at most a panel apart (with units
   // of four panels, in the fast minutes, neither thread worked in 4.8-5.3% of the GEMV regions'
   // time; 3.7-4.6% with single panels: scripts/omp_regions.sh around BM_DecodeRoofline/1).
-  const int64_t panel_units = panels;
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {
-    if (r.begin < panel_units) {
+    if (r.begin < panels) {
       gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
     }
-    if (r.end > panel_units) {
-      const int64_t j0 = panel_rows + (std::max(r.begin, panel_units) - panel_units) * kRowsPerTile;
+    if (r.end > panels) {
+      const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
       gemm_rows(s.xq.data(), s.sx.data(), 0, m, w, j0,
-                std::min(n, panel_rows + (r.end - panel_units) * kRowsPerTile), y, avx2);
+                std::min(n, panel_rows + (r.end - panels) * kRowsPerTile), y, avx2);
     }
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
@@ -316,7 +315,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
-  StealingBands units(panel_units + row_tiles, omp_get_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor,
+  StealingBands units(panels + row_tiles, omp_get_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor,
                       m == 1 ? kI8DecodePanels : 1);
   Scratch* caller = &mine;
 #pragma omp parallel

@@ -146,6 +146,14 @@ inline int64_t quad_offset(int64_t row, int64_t col) {
   return col / 4 * kQuadBytes + row / 8 * 32 + row % 8 * 4 + col % 4;
 }
 
+// One quad of x (4 bytes at src) as the kernels take it: its |x| at dst[0], itself at dst[1].
+inline void put_quad(const int8_t* src, int32_t* dst) {
+  int8_t a[4];
+  for (int i = 0; i < 4; ++i) a[i] = static_cast<int8_t>(std::abs(src[i]));
+  std::memcpy(dst, a, 4);
+  std::memcpy(dst + 1, src, 4);
+}
+
 // One row's quads of |x| and x, interleaved (dst[2q] = |x| quad q, dst[2q + 1] = x quad q): the
 // decode's x, 32 columns an instruction.
 __attribute__((target("avx2"))) void quads_of_row(const int8_t* row, int64_t kq, int32_t* dst) {
@@ -158,12 +166,7 @@ __attribute__((target("avx2"))) void quads_of_row(const int8_t* row, int64_t kq,
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q), _mm256_permute2x128_si256(lo, hi, 0x20));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * q + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
   }
-  for (; q < kq; ++q) {
-    int8_t a[4];
-    for (int i = 0; i < 4; ++i) a[i] = static_cast<int8_t>(std::abs(row[4 * q + i]));
-    std::memcpy(dst + 2 * q, a, 4);
-    std::memcpy(dst + 2 * q + 1, row + 4 * q, 4);
-  }
+  for (; q < kq; ++q) put_quad(row + 4 * q, dst + 2 * q);
 }
 
 }  // namespace
@@ -201,12 +204,7 @@ void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1
     }
     for (int64_t r = 0; r < mr; ++r) {
       const int8_t* row = xq + (i0 + r) * k;
-      for (int64_t q = 0; q < kq; ++q) {
-        int8_t a[4];
-        for (int i = 0; i < 4; ++i) a[i] = static_cast<int8_t>(std::abs(row[4 * q + i]));
-        std::memcpy(dst + (q * mr + r) * 2, a, 4);
-        std::memcpy(dst + (q * mr + r) * 2 + 1, row + 4 * q, 4);
-      }
+      for (int64_t q = 0; q < kq; ++q) put_quad(row + 4 * q, dst + (q * mr + r) * 2);
     }
   }
 }
