@@ -11,6 +11,11 @@
 // in attention, in 3 alternating pairs of runs). Prefill and verification fold the same segments
 // in the same order: a query's output has the same bits alone or with others, whatever the number
 // of threads.
+//
+// Decode reads its cold K/V at 15-21 GB/s (latency, not bandwidth). Loading those rows during the
+// preceding q|k|v GEMV (its threads touching a share of the lines per claim of weights) was
+// measured and not kept: at 7-135 keys attention took 30-40% less time but the GEMV as much more
+// (roofline share unchanged), and at 1000 keys decode was 6-19% slower (6 alternating pairs).
 #include <omp.h>
 
 #include <algorithm>
