@@ -119,7 +119,7 @@ BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime
 // Decode's real regime: GEMV (m = 1) over weights that do not fit in the caches. Enough
 // 2048x768 matrices to fill ~160 MB of this scheme's bytes, walked in turn as a model's layers
 // are, so each call streams its weights from memory. weight_GB/s over BM_MemoryReadBandwidth is
-// the kernel's share of the decode roofline.
+// the kernel's share of the decode roofline (the faster of its two patterns).
 void BM_GemvStream(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
   const int64_t n = 2048, k = 768;
@@ -187,9 +187,11 @@ void BM_GemvLayers(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvLayers)->ArgsProduct({{0, 2, 3, 4, 5}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Read bandwidth over a buffer far larger than the caches, all threads (the same pass that
-// `tessera bench` times for its conditions block).
+// Read bandwidth over a buffer far larger than the caches, all threads, each reading its part as
+// one stream or four side by side (arg): the passes `tessera bench` times for its conditions
+// block, which takes the faster.
 void BM_MemoryReadBandwidth(benchmark::State& state) {
+  const int streams = int(state.range(0));
   const size_t bytes = size_t(512) << 20;
   auto* buf = static_cast<float*>(map_huge_pages(bytes));  // as the CPU backend's weights
   if (buf == nullptr) {
@@ -198,12 +200,13 @@ void BM_MemoryReadBandwidth(benchmark::State& state) {
   }
   std::memset(buf, 1, bytes);
   double sink = 0;
-  for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4);
+  for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4, streams);
   benchmark::DoNotOptimize(sink);
   state.counters["GB"] = benchmark::Counter(double(bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(std::to_string(streams) + (streams == 1 ? " stream" : " streams") + " a thread");
   unmap_huge_pages(buf, bytes);
 }
-BENCHMARK(BM_MemoryReadBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MemoryReadBandwidth)->Arg(kProbeStreams[0])->Arg(kProbeStreams[1])->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // FMA peak: independent FMA chains in registers, all threads.
 void BM_FmaPeak(benchmark::State& state) {

@@ -288,11 +288,11 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
 #endif
 
   // Work units: the packed panels, then the row-major tiles after them. Decode claims half of what
-  // is left of a band at a time (not an eighth), in whole groups of the kI8DecodePanels that the
-  // kernel streams side by side: its streams run through a claim, so larger claims make longer
-  // streams. A thief takes one panel, so that the threads finish at most a panel apart (with units
-  // of four panels, in the fast minutes, neither thread worked in 4.8-5.3% of the GEMV regions'
-  // time; 3.7-4.6% with single panels: scripts/omp_regions.sh around BM_DecodeRoofline/1).
+  // is left of a band at a time (not an eighth), in whole groups of kI8DecodeClaimPanels: a
+  // thread's claims follow one another in memory, so its stream runs on. A thief takes one panel,
+  // so that the threads finish at most a panel apart (with units of four panels, in the fast
+  // minutes, neither thread worked in 4.8-5.3% of the GEMV regions' time; 3.7-4.6% with single
+  // panels: scripts/omp_regions.sh around BM_DecodeRoofline/1).
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {
     if (r.begin < panels) {
@@ -316,7 +316,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     return;
   }
   StealingBands units(panels + row_tiles, omp_get_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor,
-                      m == 1 ? kI8DecodePanels : 1);
+                      m == 1 ? kI8DecodeClaimPanels : 1);
   Scratch* caller = &mine;
 #pragma omp parallel
   {

@@ -15,9 +15,8 @@
 // (BM_Gemm/2/1, 2 threads), room the core uses to keep more of the memory stream in flight, and
 // the int8 110m decode read closer to the bandwidth probe (BM_DecodeRoofline/1 median share
 // 0.84-0.87 -> 0.88-0.91 with the probe at 42-48 GB/s, 5 alternating pairs). Prefill does the same
-// multiplies either way. A 6 x 16 tile of y keeps 12 int32 accumulators in registers (prefill). Decode (m = 1) reads each panel once, four panels side by side
-// (panels_into_y): a quarter of the thread's claimed panels apart, so that each of the four
-// streams runs on through its quarter.
+// multiplies either way. A 6 x 16 tile of y keeps 12 int32 accumulators in registers (prefill).
+// Decode (m = 1) reads each panel once, a thread's panels one after another (row_into_y).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -80,9 +79,11 @@ __attribute__((target("avx2"))) inline void store_rows(__m256i lo, __m256i hi, f
 }
 
 // Decode of one panel (one row of x, k a multiple of 4): tile<1>'s products, two quads (two cache
-// lines) per step with one prefetch per line and two accumulator chains, rescaled straight into y
-// as the general epilogue below does. Unrolled so, the loop issues fewer instructions per byte than
-// tile<1>'s, which leaves the core room to keep more of the stream in flight.
+// lines) per step and two accumulator chains, rescaled straight into y as the general epilogue
+// below does. Unrolled so, the loop issues fewer instructions per byte than tile<1>'s, which leaves
+// the core room to keep more of the stream in flight. No software prefetch: a thread's panels
+// follow one another in memory, one sequential stream that the hardware prefetcher runs ahead of
+// (with a prefetch 2 KiB ahead the int8 110m decode was ~5% slower in the fast minutes).
 __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kq, float sx,
                                                     const float* scales, float* y) {
   const __m256i ones = _mm256_set1_epi16(1);
@@ -90,8 +91,6 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
   int64_t q = 0;
   for (; q + 2 <= kq; q += 2) {
     const int8_t* w = wp + q * kQuadBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + 64, _MM_HINT_T0);
     const __m256i ax0 = broadcast_quad(xp + 2 * q), sx0 = broadcast_quad(xp + 2 * q + 1);
     const __m256i ax1 = broadcast_quad(xp + 2 * q + 2), sx1 = broadcast_quad(xp + 2 * q + 3);
     add_quad(ax0, sx0, w, ones, a0);
@@ -105,37 +104,6 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
     add_quad(ax, sx0, wp + q * kQuadBytes + 32, ones, a1);
   }
   store_rows(_mm256_add_epi32(a0, b0), _mm256_add_epi32(a1, b1), sx, scales, y);
-}
-
-// Decode over P panels at once (P <= kI8DecodePanels), `spacing` panels apart, without software
-// prefetch: P sequential streams are what the hardware prefetcher keeps fed best. On this project's
-// VM, in minutes when the bandwidth probe reads 44-47 GB/s, four streams read at the probe's rate
-// where one stream with a prefetch ahead fell 8% short, and the int8 110m decode ran 13-24% faster;
-// in slower minutes the two were equal (BM_DecodeRoofline, 4 + 5 alternating pairs). One stream
-// through four interleaved panels lost 10-20%. A lone panel keeps row_into_y's prefetch: one stream
-// without it reads ~10% slower.
-template <int P>
-__attribute__((target("avx2,fma"))) void panels_into_y(const int32_t* xp, const int8_t* wp, int64_t kq,
-                                                       int64_t spacing, float sx, const float* scales, float* y) {
-  const int64_t stride = spacing * kq * kQuadBytes;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[P][2];
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_si256();
-  for (int64_t q = 0; q < kq; ++q) {
-    const __m256i ax = broadcast_quad(xp + 2 * q), sq = broadcast_quad(xp + 2 * q + 1);
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      const int8_t* w = wp + p * stride + q * kQuadBytes;
-      add_quad(ax, sq, w, ones, acc[p][0]);
-      add_quad(ax, sq, w + 32, ones, acc[p][1]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int p = 0; p < P; ++p) {
-    const int64_t at = p * spacing * kPanel;
-    store_rows(acc[p][0], acc[p][1], sx, scales + at, y + at);
-  }
 }
 
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);
@@ -218,28 +186,14 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
   const int64_t n = w.rows;
   const auto* panels = static_cast<const int8_t*>(w.data);
   if (m == 1 && k % 4 == 0) {
-    static_assert(kI8DecodePanels == 4);
-    // Whole units: four streams through the range's quarters. Each stream then reads panels one
-    // after another for as long as the range lasts, where four neighbouring panels at a time
-    // restarted every stream after one panel (12 KiB at k = 768): the int8 110m decode read 1-8%
-    // closer to the bandwidth probe (BM_DecodeRoofline/1, 5 alternating pairs), and with gemm_i8's
-    // larger claims 6-10% in the fast minutes, 2-6% in the common ones (4 pairs).
-    if ((q1 - q0) % kI8DecodePanels == 0 && q1 - q0 > kI8DecodePanels) {
-      const int64_t spacing = (q1 - q0) / kI8DecodePanels;
-      for (int64_t q = q0; q < q0 + spacing; ++q) {
-        panels_into_y<4>(xp, panels + q * kPanel * k, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel);
-      }
-      return;
-    }
-    using RowsFn = void (*)(const int32_t*, const int8_t*, int64_t, int64_t, float, const float*, float*);
-    constexpr RowsFn kRows[5] = {nullptr, nullptr, panels_into_y<2>, panels_into_y<3>, panels_into_y<4>};
-    for (int64_t q = q0; q < q1; q += kI8DecodePanels) {
-      const int64_t count = std::min(kI8DecodePanels, q1 - q);
-      if (count == 1) {
-        row_into_y(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel, y + q * kPanel);
-      } else {
-        kRows[count](xp, panels + q * kPanel * k, kq, 1, sx[0], w.scales + q * kPanel, y + q * kPanel);
-      }
+    // One stream a thread: its claimed panels one after another. On this machine (Zen 3 VM, two
+    // vCPUs) that read faster than four streams through the claim's quarters (the layout before):
+    // int8 110m decode +7% in the minutes when the bandwidth probe read ~33 GB/s, +5% when it read
+    // 40-56 (BM_DecodeRoofline/1, 38 + 9 runs alternated in one process), where the same kind of
+    // VM in earlier sessions had four streams ahead. A pure read shows the same: one stream 1-12%
+    // faster than four at ~33 GB/s, up to 55% in the fast minutes.
+    for (int64_t q = q0; q < q1; ++q) {
+      row_into_y(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel, y + q * kPanel);
     }
     return;
   }

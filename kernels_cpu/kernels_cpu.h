@@ -71,7 +71,7 @@ void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);
 // The int8 panel layout and kernel (gemm_i8_panels_cpu.cpp), used by gemm_i8.
 inline constexpr int32_t kI8PackedPanels = 1 << 8;  // kernel_variant flag
-inline constexpr int64_t kI8DecodePanels = 4;       // panels a decode pass streams side by side
+inline constexpr int64_t kI8DecodeClaimPanels = 4;  // a decode thread claims panels in groups of this many
 void prepare_weight_i8_panels(WeightView& w);
 int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 when not packed
 int64_t x_quad_blocks(int64_t m);

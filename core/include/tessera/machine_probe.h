@@ -13,12 +13,12 @@ struct ProbeResult {
   double value = 0;     // GB/s (bandwidth) or GFLOP/s (FMA)
   double seconds = 0;   // time spent measuring
   int threads = 0;      // OpenMP threads used
-  std::string method;   // e.g. "avx2 loads, 4 streams a thread, over 256 MiB, best of 3"
+  std::string method;   // e.g. "avx2 loads, 1 and 4 streams a thread, over 256 MiB, best of 4"
 };
 
 // Sums a buffer of `bytes` (far larger than the caches) with all threads, repeatedly for about
-// `seconds`, and reports the best pass. Uses AVX2 when the CPU has it (each thread reading four
-// slices of its part side by side, as the decode GEMVs read four panels), plain loads otherwise.
+// `seconds`, and reports the best pass. Uses AVX2 when the CPU has it, passes alternating between
+// one and four streams a thread (which reads faster depends on the host), plain loads otherwise.
 ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(256) << 20);
 
 // Runs independent FMA chains in registers on all threads for about `seconds` (8-wide AVX2 FMA
@@ -26,9 +26,11 @@ ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(
 ProbeResult measure_fma_peak(double seconds = 0.25);
 
 // One pass of each kernel, for callers (Google Benchmark) that do their own timing:
-// read_pass sums `n` floats with all threads; fma_pass runs `iters` chain steps per thread and
-// returns the floating-point operations it did.
-double read_bandwidth_pass(const float* data, size_t n);
+// read_bandwidth_pass sums `n` floats with all threads, each reading its part as `streams` (one of
+// kProbeStreams) slices side by side; fma_peak_pass runs `iters` chain steps per thread and returns
+// the floating-point operations it did.
+inline constexpr int kProbeStreams[2] = {1, 4};
+double read_bandwidth_pass(const float* data, size_t n, int streams);
 double fma_peak_pass(int64_t iters, int* threads_out = nullptr);
 
 // The CPU as /proc/cpuinfo names it ("AMD EPYC 7B13"), or "unknown".
