@@ -19,6 +19,12 @@ inline constexpr int64_t kParallelWork = int64_t(1) << 20;
 // half of the machine's bandwidth: they fork from this many bytes read, even when the work is small.
 inline constexpr int64_t kParallelStreamBytes = int64_t(256) << 10;
 
+// Requests the `bytes` from p on (a decode stream's first lines) without waiting for them.
+inline constexpr int64_t kStreamStartBytes = 1024;
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, 3);
+}
+
 // Inside a GEMM's team: the quantized x this thread reads. Up to kOwnQuantizeRows rows (decode,
 // small batches) every thread quantizes its own copy, sooner than it would wait at a barrier; more
 // are quantized together into the caller's scratch, its `parts` slices split evenly over the team,
