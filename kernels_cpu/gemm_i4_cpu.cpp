@@ -296,7 +296,17 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
     run(int64_t(0), n);
     return;
   }
-  for_units(bands, [&](int64_t b0, int64_t b1) { run(b0 * kRowsPerBand, std::min(n, b1 * kRowsPerBand)); });
+  // Decode: each thread requests its band's first lines (weights, scales, zeros) before it claims
+  // (int4 110m decode +4-5%: BM_DecodeRoofline/2, 16 runs alternated in one process; 2 KiB no better).
+  auto start = [&](int64_t band) {
+    if (m != 1) return;
+    const int64_t j = band * kRowsPerBand;
+    prefetch_lines(static_cast<const uint8_t*>(w.data) + j * (k / 2), kStreamStartBytes);
+    prefetch_lines(w.scales + j * groups, 64);
+    if (w.zeros != nullptr) prefetch_lines(w.zeros + j * groups, 64);
+  };
+  for_units(bands, [&](int64_t b0, int64_t b1) { run(b0 * kRowsPerBand, std::min(n, b1 * kRowsPerBand)); },
+            StealingBands::kClaimDivisor, start);
 }
 
 bool avx2_applies(const WeightView& w) {

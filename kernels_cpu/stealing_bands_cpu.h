@@ -88,13 +88,21 @@ class StealingBands {
   int64_t divisor_, grain_;
 };
 
-// body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above.
-template <class Body>
-void for_units(int64_t n, const Body& body, int64_t claim_divisor = StealingBands::kClaimDivisor) {
+struct NoStreamStart {
+  void operator()(int64_t) const {}
+};
+
+// body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above. Each
+// thread first calls start(its band's first unit), where a decode requests the lines its stream
+// begins with (prefetch_lines), unless its band is empty.
+template <class Body, class Start = NoStreamStart>
+void for_units(int64_t n, const Body& body, int64_t claim_divisor = StealingBands::kClaimDivisor,
+               const Start& start = {}) {
   StealingBands units(n, omp_get_max_threads(), claim_divisor);
 #pragma omp parallel
   {
     const int t = omp_get_thread_num();
+    if (units.first_unit(t) < n) start(units.first_unit(t));
     for (UnitRange r; !(r = units.next(t)).empty();) body(r.begin, r.end);
   }
 }
