@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -109,10 +108,6 @@ void BM_DecodeRoofline(benchmark::State& state) {
   for (auto _ : state) {
     double before = probe_window(probe_buf.get());
     for (int64_t run = 0; run < runs; ++run) {
-      const char* modes = getenv("SCRATCH_MODES");
-      std::string ms = modes ? modes : "0";
-      const std::string mode(1, ms[size_t(run) % ms.size()]);
-      setenv(getenv("SCRATCH_VAR") ? getenv("SCRATCH_VAR") : "TESSERA_SCRATCH_I8", mode.c_str(), 1);
       Engine engine(*pipeline);
       GenerationRequest req;
       req.prompt = {1};
@@ -129,7 +124,6 @@ void BM_DecodeRoofline(benchmark::State& state) {
       probes.push_back(probe);
       shares.push_back(bytes_per_token * tok_per_s / 1e9 / probe);
       before = after;
-      fprintf(stderr, "mode %s probe %.1f tok %.1f share %.3f\n", mode.c_str(), probe, tok_per_s, shares.back());
     }
   }
   state.counters["share_median"] = median(shares);
