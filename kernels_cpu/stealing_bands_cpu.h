@@ -27,17 +27,17 @@ class StealingBands {
   static constexpr int64_t kClaimDivisor = 8;
 
   StealingBands(int64_t n, int threads, int64_t claim_divisor = kClaimDivisor, int64_t claim_grain = 1)
-      : bands_(size_t(threads)), firsts_(size_t(threads)), divisor_(claim_divisor), grain_(claim_grain) {
+      : bands_(size_t(threads)), divisor_(claim_divisor), grain_(claim_grain) {
     const int64_t per = (n + threads - 1) / threads;
     for (int t = 0; t < threads; ++t) {
       const int64_t b = std::min(n, per * t), e = std::min(n, per * (t + 1));
       bands_[size_t(t)].range.store(pack(b, e), std::memory_order_relaxed);
-      firsts_[size_t(t)] = b;
+      bands_[size_t(t)].first = b;
     }
   }
 
   // The first unit of thread t's own band (n when the band is empty), as dealt before any claim.
-  int64_t first_unit(int t) const { return firsts_[size_t(t)]; }
+  int64_t first_unit(int t) const { return bands_[size_t(t)].first; }
 
   // The next units for thread t: from the front of its own band a share of what is left there (an
   // eighth unless the caller chose another divisor, rounded down to whole multiples of the grain;
@@ -64,6 +64,7 @@ class StealingBands {
  private:
   struct alignas(64) Band {  // one cache line each: owners do not share theirs
     std::atomic<uint64_t> range{0};
+    int64_t first = 0;  // as dealt
   };
 
   static uint64_t pack(int64_t b, int64_t e) { return uint64_t(b) << 32 | uint64_t(e); }
@@ -84,7 +85,6 @@ class StealingBands {
   }
 
   std::vector<Band> bands_;
-  std::vector<int64_t> firsts_;
   int64_t divisor_, grain_;
 };
 

@@ -63,6 +63,54 @@ TEST(StealingBands, WhatAThreadTakesOfItsOwnBandIsItsFrontInOrder) {
   }
 }
 
+TEST(StealingBands, AThreadKnowsWhereItsBandBeginsWhateverIsTaken) {
+  // What a decode thread prefetches before it claims (for_units' start hook): its band's first
+  // unit as dealt, n for an empty band, unchanged by claims and thefts.
+  StealingBands units(10, 4);  // bands of 3: [0, 3) [3, 6) [6, 9) [9, 10)
+  const std::vector<int64_t> firsts = {0, 3, 6, 9};
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(units.first_unit(t), firsts[size_t(t)]);
+  while (!units.next(0).empty()) {
+  }
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(units.first_unit(t), firsts[size_t(t)]) << "after every unit is taken";
+  EXPECT_EQ(StealingBands(2, 4).first_unit(3), 2) << "an empty band begins at n";
+}
+
+TEST(StealingBands, ForUnitsStartsEachThreadAtItsBandOnceBeforeItsUnits) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  for (const int64_t n : {int64_t(7), int64_t(2)}) {  // bands [0,3) [3,6) [6,7); [0,1) [1,2) [2,2)
+    std::vector<std::vector<int64_t>> events(3);  // per thread: -1 - first for a start, then units
+    for_units(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t u = b; u < e; ++u) events[size_t(omp_get_thread_num())].push_back(u);
+        },
+        StealingBands::kClaimDivisor, [&](int64_t first) { events[size_t(omp_get_thread_num())].push_back(-1 - first); });
+    const int64_t per = (n + 2) / 3;
+    std::vector<int64_t> units;
+    for (int t = 0; t < 3; ++t) {
+      const auto& ev = events[size_t(t)];
+      const int64_t first = std::min(n, per * t);
+      if (first == n) {
+        EXPECT_TRUE(std::none_of(ev.begin(), ev.end(), [](int64_t e) { return e < 0; })) << "an empty band: no start";
+      } else if (ev.empty()) {
+        ADD_FAILURE() << "thread " << t << " did nothing";
+      } else {
+        EXPECT_EQ(ev.front(), -1 - first) << "thread " << t << " starts at its band before any unit";
+        EXPECT_EQ(std::count_if(ev.begin(), ev.end(), [](int64_t e) { return e < 0; }), 1);
+      }
+      for (int64_t e : ev) {
+        if (e >= 0) units.push_back(e);
+      }
+    }
+    std::sort(units.begin(), units.end());
+    std::vector<int64_t> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = i;
+    EXPECT_EQ(units, want);
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(StealingBands, BandsWithoutAThreadAreStolen) {
   StealingBands units(90, 3);  // three bands, but only one thread asks
   std::vector<int64_t> got;
