@@ -175,9 +175,8 @@ struct I4Layout {
         band_params(kRowsPerBand * groups * int64_t(sizeof(float)) * (view.zeros != nullptr ? 2 : 1)),
         band_bytes(band_params + kRowsPerBand * row_bytes),
         data(static_cast<const uint8_t*>(view.data)) {
-    const bool stream = (view.kernel_variant & kBandStream) != 0;
-    tail_first = stream ? bands_end : 0;
-    tail_nibbles = stream ? data + bands_end / kRowsPerBand * band_bytes +
+    tail_first = stream() ? bands_end : 0;
+    tail_nibbles = stream() ? data + bands_end / kRowsPerBand * band_bytes +
                                 (view.rows - bands_end) * (band_params / kRowsPerBand)
                           : data;
   }
@@ -190,7 +189,7 @@ struct I4Layout {
                            w.zeros != nullptr ? w.zeros + j * groups : nullptr, blocks_per_group);
     }
     const int64_t group_bytes = band_bytes / groups;
-    const int64_t param_bytes = group_bytes - blocks_per_group * kBandBlockBytes;
+    const int64_t param_bytes = band_params / groups;
     const uint8_t* at = data + j / kRowsPerBand * band_bytes;
     const auto* s = reinterpret_cast<const float*>(at);
     return {at + param_bytes, s, w.zeros != nullptr ? s + kRowsPerBand : nullptr, group_bytes, group_bytes / 4};
@@ -303,11 +302,13 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
   if (m == 1) return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
   scratch.resize(size_t(blocks * 8 * sizeof(__m256i)));
   auto* v = reinterpret_cast<__m256i*>(scratch.data());
-  for (int64_t i = 0; i < blocks * 4; ++i) {
-    const uint8_t* chunk = band.block(i / 4, g / kBlock) + i % 4 * 32;
-    const Nibbles nb = split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)));
-    _mm256_storeu_si256(v + 2 * i, nb.lo);
-    _mm256_storeu_si256(v + 2 * i + 1, nb.hi);
+  for (int64_t gi = 0, i = 0; gi < groups; ++gi) {  // a group's 32-byte chunks are one after another
+    const uint8_t* group = band.w + gi * band.w_group_bytes;
+    for (int64_t c = 0; c < g / kBlock * 4; ++c, ++i) {
+      const Nibbles nb = split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + c * 32)));
+      _mm256_storeu_si256(v + 2 * i, nb.lo);
+      _mm256_storeu_si256(v + 2 * i + 1, nb.hi);
+    }
   }
   for (int64_t i = 0; i < m; ++i) {
     band_row<true>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band, scratch.data(), k,
