@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   std::vector<DeviceInfo> devices() const override {
-    return {DeviceInfo{0, cpu_model_name() + (has_avx2() ? " (avx2)" : " (no avx2)"), total_memory()}};
+    return {DeviceInfo{0, cpu_model_name() + (has_avx512_vnni() ? " (avx2, avx512 vnni)" : has_avx2() ? " (avx2)" : " (no avx2)"), total_memory()}};
   }
   bool supports(Op op, DType dtype) const override {
     switch (op) {

@@ -1,6 +1,9 @@
 #include <immintrin.h>
 
+#include <string>
+
 #include "kernels_cpu.h"
+#include "tessera/error.h"
 
 namespace tessera::cpu {
 
@@ -10,6 +13,25 @@ bool has_avx2() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return value;
+}
+
+bool has_avx512_vnni() {
+  static const bool value = [] {
+    __builtin_cpu_init();
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return value;
+}
+
+bool vnni_for(int32_t variant, const char* gemm) {
+  const int32_t v = variant & ~kKernelFlags;
+  if (v == kKernelVnni && !has_avx512_vnni()) {
+    throw Error(std::string("cpu gemm on ") + gemm +
+                ": kernel vnni needs AVX-512 VNNI (avx512vnni, avx512vl, avx512bw), which this CPU lacks; "
+                "use kernel auto or avx2");
+  }
+  return v == kKernelVnni || (v == kKernelAuto && has_avx512_vnni());
 }
 
 namespace {

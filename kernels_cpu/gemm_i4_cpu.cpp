@@ -36,11 +36,9 @@ namespace tessera::cpu {
 
 namespace {
 
-// WeightView::kernel_variant for I4 on the CPU: 0 the default (AVX2 when the CPU has it and groups
-// are whole blocks of 32, otherwise the scalar code), 2 the scalar reference; plus the flag bit
-// prepare_weight_i4 sets.
-constexpr int32_t kVariantDefault = 0;
-constexpr int32_t kVariantReference = 2;
+// WeightView::kernel_variant for I4 on the CPU (kernels_cpu.h): auto (vnni where the CPU has it,
+// else avx2; the scalar code without AVX2 or where groups are not whole blocks of 32), reference
+// (scalar), avx2 or vnni; plus the flag bits prepare_weight_i4 sets.
 constexpr int32_t kPackedBands = 1 << 8;
 constexpr int32_t kBandStream = 1 << 9;  // with kPackedBands: a group's scales and zeros before its nibbles
 
@@ -291,15 +289,65 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
   for (int64_t r = 0; r < rows; ++r) y[r] = out[r] - c[r];
 }
 
+// band_row with AVX-512 VNNI (256-bit vectors): vpdpbusd multiplies the unsigned nibbles by the
+// signed x bytes and adds each quad of products straight into the row's int32 lane. The high
+// nibbles stay in place (and with 0xf0: 16·q) in their own accumulator, divided by 16 once a
+// block (exact), so a chunk costs two ands and two vpdpbusd where the AVX2 code needs three
+// operations to split it and four to multiply and sum. Same int32 dots, so the same results to the
+// bit.
+template <bool kUnpacked>
+__attribute__((target(VNNI_TARGET))) void band_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
+                                                        const Band& band, const uint8_t* nib, int64_t k, int64_t g,
+                                                        int64_t rows, float* y) {
+  const int64_t groups = k / g;
+  const int64_t blocks = k / kBlock;
+  const int64_t blocks_per_group = g / kBlock;
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
+    const __m256 s = _mm256_loadu_ps(band.scales(gi));
+    const uint8_t* group = band.w + gi * band.w_group_bytes;
+    for (int64_t gb = 0; gb < blocks_per_group; ++gb, ++b) {
+      const auto* xq = reinterpret_cast<const int32_t*>(xr + b * kBlock);
+      const uint8_t* chunk = group + gb * kBandBlockBytes;
+      __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        __m256i l, h;
+        if constexpr (kUnpacked) {
+          const auto* v = reinterpret_cast<const __m256i*>(nib) + b * 8 + 2 * c;
+          l = _mm256_loadu_si256(v);
+          h = _mm256_loadu_si256(v + 1);
+        } else {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + c * 32));
+          l = _mm256_and_si256(w, mask);
+          h = _mm256_andnot_si256(mask, w);
+        }
+        lo = _mm256_dpbusd_epi32(lo, l, _mm256_set1_epi32(xq[2 * c]));
+        hi = _mm256_dpbusd_epi32(hi, h, _mm256_set1_epi32(xq[2 * c + 1]));
+      }
+      const __m256i dot = _mm256_add_epi32(lo, kUnpacked ? hi : _mm256_srai_epi32(hi, 4));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, _mm256_set1_ps(xd[b])), acc);
+    }
+  }
+  alignas(32) float out[kRowsPerBand], c[kRowsPerBand];
+  _mm256_store_ps(out, acc);
+  _mm256_store_ps(c, zero_point_terms(band, gsum, groups));
+  for (int64_t r = 0; r < rows; ++r) y[r] = out[r] - c[r];
+}
+
 // One band against all m quantized rows of x (y at the band's first column). For m > 1 the band's
 // nibbles are split once into `scratch` (256 bytes per block of 32 columns, L1-resident) and reused
 // by every row.
 __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t m, const Band& band, int64_t rows,
                                                   int64_t k, int64_t g, float* y, int64_t n,
-                                                  std::vector<uint8_t>& scratch) {
+                                                  std::vector<uint8_t>& scratch, bool vnni) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
-  if (m == 1) return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
+  if (m == 1) {
+    if (vnni) return band_row_vnni<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
+    return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
+  }
   scratch.resize(size_t(blocks * 8 * sizeof(__m256i)));
   auto* v = reinterpret_cast<__m256i*>(scratch.data());
   for (int64_t gi = 0, i = 0; gi < groups; ++gi) {  // a group's 32-byte chunks are one after another
@@ -310,9 +358,10 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
       _mm256_storeu_si256(v + 2 * i + 1, nb.hi);
     }
   }
+  const auto row = vnni ? band_row_vnni<true> : band_row<true>;
   for (int64_t i = 0; i < m; ++i) {
-    band_row<true>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band, scratch.data(), k,
-                   g, rows, y + i * n);
+    row(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band, scratch.data(), k, g, rows,
+        y + i * n);
   }
 }
 
@@ -321,7 +370,7 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
 // after the last whole band) are packed into a band here first, the last row repeated, so that a
 // row's result is the same packed or not.
 void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y, int64_t j0, int64_t j1,
-                  std::vector<uint8_t>& scratch) {
+                  std::vector<uint8_t>& scratch, bool vnni) {
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   const I4Layout at(w);
@@ -330,7 +379,7 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
   for (int64_t j = j0; j < j1; j += kRowsPerBand) {
     const int64_t rows = std::min(kRowsPerBand, j1 - j);
     if (j < at.bands_end) {
-      run_band(xq, m, at.band(j), rows, k, w.group_size, y + j, n, scratch);
+      run_band(xq, m, at.band(j), rows, k, w.group_size, y + j, n, scratch, vnni);
       continue;
     }
     own_w.resize(size_t(kRowsPerBand * at.row_bytes));
@@ -346,7 +395,7 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
     }
     const Band band = separate_band(own_w.data(), own_s.data(), w.zeros != nullptr ? own_z.data() : nullptr,
                                     w.group_size / kBlock);
-    run_band(xq, m, band, rows, k, w.group_size, y + j, n, scratch);
+    run_band(xq, m, band, rows, k, w.group_size, y + j, n, scratch, vnni);
   }
 }
 
@@ -386,7 +435,7 @@ bool avx2_applies(const WeightView& w) {
 }  // namespace
 
 void prepare_weight_i4(WeightView& w) {
-  // Only the default variant's AVX2 kernel reads packed bands (the scalar code reads rows); a view
+  // Only the AVX2 and VNNI kernels read packed bands (the scalar code reads rows); a view
   // is packed once. Whole bands of 8 rows take the layout of Band (gemm_i4_avx2), and each group's
   // 8 scales (zeros) side by side. Rows after the last whole band stay row-major. Where the view's
   // scales, zeros and nibbles lie one after another in one buffer (as the int4 quantizer stores
@@ -394,7 +443,8 @@ void prepare_weight_i4(WeightView& w) {
   // sequential stream instead of three.
   WeightView v = w;
   if (v.group_size <= 0) v.group_size = v.cols;  // one group per row, as gemm_i4 reads it
-  if (w.kernel_variant != kVariantDefault || !avx2_applies(v)) return;
+  const int32_t kernel = w.kernel_variant;
+  if ((kernel != kKernelAuto && kernel != kKernelAvx2 && kernel != kKernelVnni) || !avx2_applies(v)) return;
   const int64_t k = w.cols;
   const int64_t row_bytes = k / 2;
   const int64_t groups = k / v.group_size;
@@ -450,22 +500,23 @@ void prepare_weight_i4(WeightView& w) {
 
 void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
   const int32_t variant = view.kernel_variant & ~(kPackedBands | kBandStream);
-  if (variant != kVariantDefault && variant != kVariantReference) {
+  if (variant != kKernelAuto && variant != kKernelReference && variant != kKernelAvx2 && variant != kKernelVnni) {
     throw Error("cpu gemm on i4: unknown kernel variant " + std::to_string(variant) +
-                " (0 = default, 2 = scalar reference)");
+                " (0 = auto, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }
+  const bool vnni = vnni_for(variant, "i4");
   WeightView w = view;
   if (w.group_size <= 0) w.group_size = w.cols;  // one group per row
   if (m <= 0 || w.rows <= 0) return;
   const int64_t k = w.cols;
   const int64_t g = w.group_size;
-  if (variant == kVariantDefault && avx2_applies(w)) {
+  if (variant != kKernelReference && avx2_applies(w)) {
     thread_local QuantizedX xq;  // the caller's; shared read-only by the team below
     quantize_x(x, m, k, g, xq);
     const QuantizedX& shared = xq;
     for_row_ranges(m, w, [&](int64_t j0, int64_t j1) {
       thread_local std::vector<uint8_t> scratch;  // each thread's split band
-      gemm_i4_avx2(shared, m, w, y, j0, j1, scratch);
+      gemm_i4_avx2(shared, m, w, y, j0, j1, scratch, vnni);
     });
     return;
   }

@@ -2,15 +2,17 @@
 // round to nearest), dotted with int8 weight rows in int32, and the result rescaled by both scales
 // as it is stored (the dequantization is fused into the output write).
 //
-// WeightView::kernel_variant for I8 on the CPU:
-//   0  the default: AVX2 (vpmaddubsw + vpmaddwd) when the CPU has it, otherwise portable scalar code
+// WeightView::kernel_variant for I8 on the CPU (kernels_cpu.h):
+//   0  auto: vnni where the CPU has AVX-512 VNNI, else avx2, else portable scalar code
 //   1  oneDNN's s8·s8->s32 matmul (builds with TESSERA_DNNL only; refused by name otherwise)
 //   2  the scalar reference, whatever the CPU (for tests and comparisons)
+//   3  avx2: vpmaddubsw + vpmaddwd, even where the CPU has VNNI (scalar without AVX2)
+//   4  vnni: vpdpbusd on 256-bit vectors (refused where the CPU lacks it)
 // All quantize x the same way and accumulate exactly in int32, so they agree to the last bit.
 //
-// prepare_weight() packs the default variant's weights into 16-row panels that the AVX2 kernel in
-// gemm_i8_panels_cpu.cpp reads (flag kI8PackedPanels); the rows after the last full panel, and
-// every other variant, read row-major weights here.
+// prepare_weight() packs the weights of auto, avx2 and vnni into 16-row panels that the kernels in
+// gemm_i8_panels_cpu.cpp read (flag kI8PackedPanels); the rows after the last full panel, and
+// the other variants, read row-major weights here.
 //
 // A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
 // is missing.
@@ -38,9 +40,7 @@ namespace tessera::cpu {
 
 namespace {
 
-constexpr int32_t kVariantDefault = 0;
 constexpr int32_t kVariantDnnl = 1;
-constexpr int32_t kVariantReference = 2;
 
 constexpr int64_t kRowsPerTile = 4;  // weight rows sharing each load of x
 constexpr int64_t kBlockM = 64;      // x rows kept hot in cache while a thread walks its W rows
@@ -243,7 +243,8 @@ void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView
 void prepare_weight_i8(WeightView& w) {
   // Only the default variant's AVX2 kernel reads panels (the scalar fallback reads rows); a view
   // is packed once.
-  if (w.kernel_variant == kVariantDefault && has_avx2()) prepare_weight_i8_panels(w);
+  const int32_t v = w.kernel_variant;
+  if ((v == kKernelAuto || v == kKernelAvx2 || v == kKernelVnni) && has_avx2()) prepare_weight_i8_panels(w);
 }
 
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
@@ -254,11 +255,13 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
                 "and libdnnl-dev installed)");
   }
 #endif
-  if (variant != kVariantDefault && variant != kVariantDnnl && variant != kVariantReference) {
+  if (variant != kKernelAuto && variant != kVariantDnnl && variant != kKernelReference && variant != kKernelAvx2 &&
+      variant != kKernelVnni) {
     throw Error("cpu gemm on i8: unknown kernel variant " + std::to_string(variant) +
-                " (0 = default, 1 = oneDNN, 2 = scalar reference)");
+                " (0 = auto, 1 = oneDNN, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }
-  const bool avx2 = variant != kVariantReference && has_avx2();
+  const bool vnni = vnni_for(variant, "i8");
+  const bool avx2 = variant != kKernelReference && has_avx2();
   const int64_t k = w.cols;
   const int64_t n = w.rows;
   if (m <= 0 || n <= 0) return;
@@ -296,7 +299,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {
     if (r.begin < panels) {
-      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
+      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y, vnni);
     }
     if (r.end > panels) {
       const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
@@ -311,7 +314,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
 
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize(mine, 0, blocks);
-    if (panel_rows > 0) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
+    if (panel_rows > 0) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y, vnni);
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }

@@ -60,6 +60,20 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
 }
 
 bool has_avx2();
+// AVX-512 VNNI on 256-bit vectors (vpdpbusd on ymm), for the int8 and int4 kernels' dot products.
+bool has_avx512_vnni();
+#define VNNI_TARGET "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni"
+
+// WeightView::kernel_variant values the int8 and int4 gemms share (the bits above 0xff are their
+// layout flags).
+inline constexpr int32_t kKernelAuto = 0;       // the fastest this CPU has: vnni, else avx2, else scalar
+inline constexpr int32_t kKernelReference = 2;  // scalar, row-major weights
+inline constexpr int32_t kKernelAvx2 = 3;       // vpmaddubsw even where the CPU has VNNI; scalar without AVX2
+inline constexpr int32_t kKernelVnni = 4;       // vpdpbusd; refused where the CPU lacks AVX-512 VNNI
+inline constexpr int32_t kKernelFlags = ~0xff;
+// Whether `variant` runs the VNNI dot products; throws, naming `gemm`, for kKernelVnni on a CPU
+// without them.
+bool vnni_for(int32_t variant, const char* gemm);
 bool has_f16c();  // and AVX2
 
 void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);
@@ -83,7 +97,7 @@ int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 
 int64_t x_quad_blocks(int64_t m);
 void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
-                    int64_t q0, int64_t q1, float* y);
+                    int64_t q0, int64_t q1, float* y, bool vnni);
 void prepare_weight_f32(WeightView& w);
 // y columns of the packed f32 panels; returns how many leading rows of W it computed (0 when the
 // view is not packed).

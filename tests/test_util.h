@@ -83,6 +83,12 @@ inline Backend& cpu_backend() {
 }
 
 // Deterministic uniform floats in [lo, hi).
+// Whether the CPU kernels' `vnni` variant can run here (AVX-512 VNNI on 256-bit vectors).
+inline bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+}
+
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);

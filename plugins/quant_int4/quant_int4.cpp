@@ -24,6 +24,7 @@
 
 #include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
+#include "tessera/cpu_int_kernel.h"
 #include "tessera/error.h"
 #include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
@@ -43,10 +44,6 @@ struct Rule {
   std::vector<std::string> patterns;
   Choice choice;
 };
-
-// WeightView::kernel_variant values of the CPU backend's i4 gemm (kernels_cpu/gemm_i4_cpu.cpp).
-constexpr int32_t kCpuDefault = 0;    // AVX2 on packed tiles; scalar on CPUs without AVX2
-constexpr int32_t kCpuReference = 2;  // scalar reference, float arithmetic, row-major weights
 
 std::string scheme_tag(Scheme s) { return s == Scheme::symmetric ? "sym" : "asym"; }
 
@@ -215,7 +212,7 @@ class Int4Quantizer final : public Quantizer {
  public:
   explicit Int4Quantizer(const Params& p)
       : keep_float_(p.get_string_list("keep_float")),
-        cpu_variant_(p.get_string("kernel") == "reference" ? kCpuReference : kCpuDefault) {
+        cpu_variant_(cpu_int_kernel_variant(p.get_string("kernel"))) {
     base_.group_size = checked_group(p.get_int("group_size"), "group_size");
     base_.scheme = parse_scheme(p.get_string("scheme"), "scheme");
     parse_overrides(p.get("overrides"));
@@ -299,6 +296,15 @@ class Int4Quantizer final : public Quantizer {
     view.data = base + scale_bytes * (asym ? 2 : 1);
     // Variant numbers belong to the backend; only the CPU's are known here.
     view.kernel_variant = backend.name() == "cpu" ? cpu_variant_ : 0;
+    // A zero-row gemm only validates the view: a kernel this CPU lacks is refused now, naming the
+    // tensor, rather than at the first step.
+    if (view.kernel_variant != 0) {
+      try {
+        backend.gemm(nullptr, 0, view, nullptr);
+      } catch (const Error& e) {
+        throw Error("quantizer 'int4' (tensor " + w.name + "): " + e.what());
+      }
+    }
     return std::make_unique<Int4Linear>(backend, std::move(buf), view, c.scheme);
   }
 
@@ -383,10 +389,11 @@ void register_int4(Registrar& r) {
        {"overrides", ParamType::object, nlohmann::json::array(),
         "list of {pattern, scheme: symmetric|asymmetric|float, group_size} for tensors matching pattern; "
         "the first match wins, keep_float before all"},
-       {"kernel", ParamType::string, "avx2",
-        "CPU kernel: avx2 (int8 activations per block of 32, weights packed in 8-row bands; scalar on CPUs "
-        "without AVX2) or reference (scalar, float activations, row-major weights); other backends use their own",
-        {"avx2", "reference"}}},
+       {"kernel", ParamType::string, "auto",
+        std::string("CPU kernel: ") + kCpuIntKernelDoc +
+            ". vnni and avx2 quantize x to int8 per block of 32 and read weights packed in 8-row bands, with the "
+            "same results; reference computes in float on row-major weights. Other backends use their own",
+        cpu_int_kernels()}},
       [](const Params& p) { return std::make_unique<Int4Quantizer>(p); });
 }
 

@@ -12,6 +12,7 @@
 
 #include "tessera/backend_linear.h"
 #include "tessera/device_buffer.h"
+#include "tessera/cpu_int_kernel.h"
 #include "tessera/error.h"
 #include "tessera/joined_weight.h"
 #include "tessera/plugin.h"
@@ -19,15 +20,6 @@
 
 namespace tessera {
 namespace {
-
-// WeightView::kernel_variant values of the CPU backend's i8 gemm (kernels_cpu/gemm_i8_cpu.cpp).
-constexpr int32_t kCpuDefault = 0;    // AVX2 vpmaddubsw/vpmaddwd; scalar on CPUs without AVX2
-constexpr int32_t kCpuReference = 2;  // scalar reference
-
-int32_t cpu_variant(const std::string& kernel) {
-  if (kernel == "reference") return kCpuReference;
-  return kCpuDefault;
-}
 
 // Rows are quantized and uploaded in pieces of about this size, so loading never stages a second
 // copy of a whole large matrix on the host.
@@ -37,7 +29,7 @@ class Int8Quantizer final : public Quantizer {
  public:
   explicit Int8Quantizer(const Params& p)
       : keep_float_(p.get_string_list("keep_float")),
-        cpu_variant_(cpu_variant(p.get_string("kernel"))) {}
+        cpu_variant_(cpu_int_kernel_variant(p.get_string("kernel"))) {}
 
   std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
     return build(backend, w, tensor_matches_any(keep_float_, w.name));
@@ -140,10 +132,9 @@ void register_int8(Registrar& r) {
       "W8A8: int8 weights per output channel, int8 activations per token (dynamic), int32 accumulation",
       {{"keep_float", ParamType::string_list, nlohmann::json::array(),
         "tensor-name patterns kept in floating point, e.g. [output, \"blk.0.*\"]", {}},
-       {"kernel", ParamType::string, "avx2",
-        "CPU kernel: avx2 (vpmaddubsw/vpmaddwd; scalar on CPUs without AVX2) or reference (scalar); "
-        "other backends use their own",
-        {"avx2", "reference"}}},
+       {"kernel", ParamType::string, "auto",
+        std::string("CPU kernel: ") + kCpuIntKernelDoc + "; all give the same results. Other backends use their own",
+        cpu_int_kernels()}},
       [](const Params& p) { return std::make_unique<Int8Quantizer>(p); });
 }
 

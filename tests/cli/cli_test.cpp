@@ -83,7 +83,7 @@ TEST(Cli, PluginsMarkdownDocumentsEveryParameterWithoutMachinePaths) {
   }
   EXPECT_NE(o.text.find("### `fcfs`\n\nFirst come, first served"), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("| `max_seqs` | integer | `16` | sequences running at once |"), std::string::npos) << o.text;
-  EXPECT_NE(o.text.find("| `kernel` | string: `avx2`, `reference` | `\"avx2\"` |"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("| `kernel` | string: `auto`, `vnni`, `avx2`, `reference` | `\"auto\"` |"), std::string::npos) << o.text;
   EXPECT_EQ(o.text.find(".so"), std::string::npos) << "library paths differ per machine: " << o.text;
 }
 

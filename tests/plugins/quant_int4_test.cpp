@@ -180,6 +180,12 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
                         Case{"asymmetric", 64}, Case{"symmetric", 128}, Case{"asymmetric", 128}}) {
     auto q_ref = int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", "reference"}});
     auto q_fast = int4({{"scheme", c.scheme}, {"group_size", c.group}});
+    // The kernels a user can name give the default's bits; vnni where the CPU has it.
+    std::vector<std::shared_ptr<Quantizer>> q_named;
+    for (const char* kernel : {"avx2", "vnni"}) {
+      if (std::string(kernel) == "vnni" && !test::cpu_has_vnni()) continue;
+      q_named.push_back(int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", kernel}}));
+    }
     for (const Shape& sh : {Shape{1, 32}, Shape{3, 96}, Shape{4, 160}, Shape{5, 224}, Shape{7, 64}, Shape{8, 384},
                             Shape{13, 288}, Shape{37, 640}, Shape{771, 768}}) {
       if (sh.k % c.group != 0) continue;
@@ -187,6 +193,8 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
       const WeightSource src{"blk.3.attn_v.weight", DType::F32, w.data(), sh.n, sh.k};
       auto ref = q_ref->make_linear(cpu_backend(), src);
       auto fast = q_fast->make_linear(cpu_backend(), src);
+      std::vector<std::unique_ptr<Linear>> named;
+      for (auto& q : q_named) named.push_back(q->make_linear(cpu_backend(), src));
       ASSERT_EQ(ref->view().kernel_variant, 2) << "kernel: reference is the CPU's scalar variant";
       OwnedView row_major = copy_of(ref->view(), 0);  // the default kernel, not prepared
       OwnedView packed = copy_of(ref->view(), 0);
@@ -203,6 +211,9 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
         const auto y_rows = gemm_on(row_major.view, x, m);
         EXPECT_EQ(gemm_on(packed.view, x, m), y_rows);
         EXPECT_EQ(linear_forward(*fast, x, m), y_rows) << "the quantizer's own (packed) weights";
+        for (size_t i = 0; i < named.size(); ++i) {
+          EXPECT_EQ(linear_forward(*named[i], x, m), y_rows) << "kernel " << (i == 0 ? "avx2" : "vnni");
+        }
         // A row of x gets the same bits alone (decode) as inside the batch (prefill, verification).
         for (int64_t i = 0; i < m && m > 1; ++i) {
           const std::vector<float> xi(x.begin() + i * sh.k, x.begin() + (i + 1) * sh.k);
@@ -281,6 +292,26 @@ TEST(Int4, FromEveryFloatAndBlockSource) {
   EXPECT_EQ(dequantize(a->view()), dequantize(b->view()));
 }
 
+TEST(Int4, KernelVnniRunsOrIsRefusedAtLoadNamingTheTensor) {
+  const int64_t n = 300, k = 1024;  // forks by bytes streamed: the threaded paths too
+  const auto w = random_floats(size_t(n * k), 71);
+  const WeightSource src{"blk.2.attn_k.weight", DType::F32, w.data(), n, k};
+  if (!test::cpu_has_vnni()) {
+    const std::string e = test::message_of([&] { int4({{"kernel", "vnni"}})->make_linear(cpu_backend(), src); });
+    EXPECT_THAT(e, HasSubstr("blk.2.attn_k.weight"));
+    EXPECT_THAT(e, HasSubstr("AVX-512 VNNI"));
+    return;
+  }
+  for (const char* scheme : {"symmetric", "asymmetric"}) {
+    auto vnni = int4({{"kernel", "vnni"}, {"scheme", scheme}})->make_linear(cpu_backend(), src);
+    auto avx2 = int4({{"kernel", "avx2"}, {"scheme", scheme}})->make_linear(cpu_backend(), src);
+    for (int64_t m : {1, 9}) {
+      const auto x = random_floats(size_t(m * k), uint32_t(72 + m), -2, 2);
+      EXPECT_EQ(linear_forward(*vnni, x, m), linear_forward(*avx2, x, m)) << scheme << ", m " << m;
+    }
+  }
+}
+
 TEST(Int4, RefusesBadParametersByName) {
   try {
     int4({{"group_size", 48}});
@@ -301,11 +332,11 @@ TEST(Int4, RefusesBadParametersByName) {
   EXPECT_THROW(int4({{"overrides", json::array({{{"scheme", "asymmetric"}}})}}), Error);  // no pattern
   EXPECT_THROW(int4({{"overrides", json::array({{{"pattern", "x"}, {"bits", 3}}})}}), Error);
   try {
-    int4({{"kernel", "vnni"}});
-    FAIL() << "kernel vnni accepted";
+    int4({{"kernel", "amx"}});
+    FAIL() << "kernel amx accepted";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("kernel"));
-    EXPECT_THAT(e.what(), HasSubstr("vnni"));
+    EXPECT_THAT(e.what(), HasSubstr("amx"));
   }
   // Through the pipeline loader, the message names the parameter too.
   try {

@@ -191,12 +191,16 @@ TEST(QuantInt8, PackedPanelsGiveTheReferenceBitsForEveryKAndBatch) {
     for (int64_t n : {21, 37, 53, 69}) {
       const auto w = random_floats(size_t(n * k), uint32_t(100 + k + n));
       const WeightSource src{"blk.0.ffn_up.weight", DType::F32, w.data(), n, k};
-      const auto fast = int8()->make_linear(cpu_backend(), src);
       const auto ref = int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src);
-      for (int64_t m : {1, 2, 6, 7, 13}) {
-        auto x = random_floats(size_t(m * k), uint32_t(200 + k + m), -4, 4);
-        for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (i % k))] = i % 2 == 0 ? -9.0f : 9.0f;
-        ASSERT_EQ(linear_forward(*fast, x, m), linear_forward(*ref, x, m)) << "k " << k << ", n " << n << ", m " << m;
+      for (const char* kernel : {"auto", "avx2", "vnni"}) {
+        if (std::string(kernel) == "vnni" && !test::cpu_has_vnni()) continue;
+        const auto fast = int8({{"kernel", kernel}})->make_linear(cpu_backend(), src);
+        for (int64_t m : {1, 2, 6, 7, 13}) {
+          auto x = random_floats(size_t(m * k), uint32_t(200 + k + m), -4, 4);
+          for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (i % k))] = i % 2 == 0 ? -9.0f : 9.0f;
+          ASSERT_EQ(linear_forward(*fast, x, m), linear_forward(*ref, x, m))
+              << "kernel " << kernel << ", k " << k << ", n " << n << ", m " << m;
+        }
       }
     }
   }
@@ -276,6 +280,25 @@ TEST(QuantInt8, RejectsBadParametersNamingThem) {
     EXPECT_THAT(e.what(), HasSubstr("keep_float"));
   }
   EXPECT_THROW(int8({{"keepfloat", {"output"}}}), Error);
+}
+
+TEST(QuantInt8, KernelVnniRunsOrIsRefusedAtLoadNamingTheTensor) {
+  // The threaded decode and prefill paths too: 300 x 1024 forks by bytes streamed.
+  const int64_t n = 300, k = 1024;
+  const auto w = random_floats(size_t(n * k), 61);
+  const WeightSource src{"blk.2.attn_k.weight", DType::F32, w.data(), n, k};
+  if (!test::cpu_has_vnni()) {
+    const std::string e = test::message_of([&] { int8({{"kernel", "vnni"}})->make_linear(cpu_backend(), src); });
+    EXPECT_THAT(e, HasSubstr("blk.2.attn_k.weight"));
+    EXPECT_THAT(e, HasSubstr("AVX-512 VNNI"));
+    return;
+  }
+  auto vnni = int8({{"kernel", "vnni"}})->make_linear(cpu_backend(), src);
+  auto avx2 = int8({{"kernel", "avx2"}})->make_linear(cpu_backend(), src);
+  for (int64_t m : {1, 9}) {
+    const auto x = random_floats(size_t(m * k), uint32_t(62 + m), -2, 2);
+    EXPECT_EQ(linear_forward(*vnni, x, m), linear_forward(*avx2, x, m)) << "m " << m;
+  }
 }
 
 // The CPU backend with i8 gemm switched off, to see the refusal a backend without it gets.
