@@ -116,13 +116,14 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-// Decode's real regime: GEMV (m = 1) over weights that do not fit in the caches. Enough
-// 2048x768 matrices to fill ~160 MB of this scheme's bytes, walked in turn as a model's layers
-// are, so each call streams its weights from memory. weight_GB/s over BM_MemoryReadBandwidth is
+// Decode's real regime: GEMV (m = 1) over weights that do not fit in the caches. Enough n x k
+// matrices (args: scheme, n, k) to fill ~160 MB of this scheme's bytes, walked in turn as a model's
+// layers are, so each call streams its weights from memory; 2048x768 as a 110m layer's, 16384x2048
+// so large that per-call costs (fork, join, stream start) vanish. weight_GB/s over BM_MemoryReadBandwidth is
 // the kernel's share of the decode roofline (the faster of its two patterns).
 void BM_GemvStream(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
-  const int64_t n = 2048, k = 768;
+  const int64_t n = state.range(1), k = state.range(2);
   if (!scheme_built(state, scheme)) return;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -148,7 +149,11 @@ void BM_GemvStream(benchmark::State& state) {
   state.SetLabel(std::string(scheme.label) + " (" + linears.front()->format() + ", " +
                  std::to_string(omp_get_max_threads()) + " threads)");
 }
-BENCHMARK(BM_GemvStream)->DenseRange(0, 7)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemvStream)
+    ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}})
+    ->ArgsProduct({{0, 2, 3}, {16384}, {2048}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // A 110m decode step's GEMVs, 12 layers of q, k, v, o (768x768), gate, up (2048x768) and down
 // (768x2048), against the same layers with q|k|v and gate|up concatenated (4 GEMVs a layer instead

@@ -14,6 +14,10 @@
 // decode GEMV from L2/L3 20-40% (BM_Gemm/3/1, one thread); the int4 110m decode, which waits on
 // memory, ran as before (median ratio 0.98 over 30 alternating `tessera run` pairs).
 //
+// Where the CPU has AVX-512 VNNI, vpdpbusd does each block's multiplies and sums (band_row_vnni):
+// from cache a thread's decode GEMV ran 15-25% faster than the AVX2 code (BM_Gemm/3/1, one thread,
+// 30 alternating runs each), the int4 110m decode ~10% faster (8 alternating `tessera run` pairs).
+//
 // The quantizer's weights (scales, zeros and nibbles in one buffer) are then laid out as one
 // stream, each group's scales and zeros just before its nibbles (I4Layout), so that a decode thread
 // reads one sequential stream where it read three (nibbles, scales, zeros): the int4 110m decode
@@ -218,16 +222,22 @@ void pack_band_row(const uint8_t* row, int64_t k, int64_t r, uint8_t* band) {
 // Σ over groups of s·z·Σx for the band's 8 rows (what the zero points add to x·q·s), side by side.
 // Each product is rounded, then added into one of four sums by group index mod 4 (four independent
 // chains: one chain of 24 dependent adds was a sixth of a decode's time), and the sums are added as
-// (0 + 1) + (2 + 3).
+// (0 + 1) + (2 + 3). Indexed by a constant, the sums stay in registers (indexed by gi & 3 they went
+// through the stack: the GEMV from cache ~6% slower).
 __attribute__((target("avx2,fma"))) inline __m256 zero_point_terms(const Band& band, const float* gs,
                                                                    int64_t groups) {
   __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    const __m256 s = _mm256_loadu_ps(band.scales(gi));
-    const __m256 z = band.z != nullptr ? _mm256_loadu_ps(band.zeros(gi)) : _mm256_set1_ps(8.0f);
-    __m256 p = _mm256_mul_ps(_mm256_mul_ps(s, z), _mm256_set1_ps(gs[gi]));
-    asm("" : "+x"(p));  // rounded, never fused into the add
-    sum[gi & 3] = _mm256_add_ps(sum[gi & 3], p);
+  for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {  // j a constant: the sums stay in registers
+      const int64_t gi = g0 + j;
+      if (gi >= groups) break;
+      const __m256 s = _mm256_loadu_ps(band.scales(gi));
+      const __m256 z = band.z != nullptr ? _mm256_loadu_ps(band.zeros(gi)) : _mm256_set1_ps(8.0f);
+      __m256 p = _mm256_mul_ps(_mm256_mul_ps(s, z), _mm256_set1_ps(gs[gi]));
+      asm("" : "+x"(p));  // rounded, never fused into the add
+      sum[j] = _mm256_add_ps(sum[j], p);
+    }
   }
   return _mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3]));
 }
@@ -294,7 +304,8 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // nibbles stay in place (and with 0xf0: 16·q) in their own accumulator, divided by 16 once a
 // block (exact), so a chunk costs two ands and two vpdpbusd where the AVX2 code needs three
 // operations to split it and four to multiply and sum. Same int32 dots, so the same results to the
-// bit.
+// bit. Groups, then their blocks: no division per block. No software prefetch (the decode stream is
+// one sequential read a thread). Two accumulator chains a half (four in all) were no faster.
 template <bool kUnpacked>
 __attribute__((target(VNNI_TARGET))) void band_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                         const Band& band, const uint8_t* nib, int64_t k, int64_t g,
