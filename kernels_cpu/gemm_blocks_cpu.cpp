@@ -32,8 +32,6 @@ namespace tessera::cpu {
 
 namespace {
 
-constexpr int32_t kVariantDefault = 0;
-constexpr int32_t kVariantScalar = 2;
 constexpr int64_t kRowsPerTile = 4;  // weight rows sharing each activation load
 constexpr int64_t kBlockM = 64;      // x rows kept hot in cache while a thread walks its W rows
 
@@ -97,7 +95,7 @@ int64_t bands_end(const WeightView& w) {
 
 // y rows [0, m) x W rows [j0, j1), with x already quantized. j0 is a multiple of kRowsPerBand.
 void gemm_rows(const BlockActivations& x, int64_t m, const WeightView& w, int64_t j0, int64_t j1, float* y,
-               const BlockKernels& kern, bool avx2) {
+               const BlockKernels& kern, bool avx2, bool vnni) {
   const int64_t n = w.rows;
   const int64_t row_bytes = (w.cols / kQBlock) * int64_t(kern.block_bytes);
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -107,7 +105,7 @@ void gemm_rows(const BlockActivations& x, int64_t m, const WeightView& w, int64_
     const int64_t ie = std::min(m, ib + kBlockM);
     for (int64_t j = j0; j < j1; j += kRowsPerTile) {
       if (j < banded) {
-        kern.band(base + j * row_bytes, x, ib, ie, y + ib * n + j, n);
+        (vnni ? kern.band_vnni : kern.band)(base + j * row_bytes, x, ib, ie, y + ib * n + j, n);
         j += kRowsPerBand - kRowsPerTile;
         continue;
       }
@@ -132,9 +130,10 @@ bool has_avx2_f16c() {
 }
 
 void prepare_weight_blocks(WeightView& w) {
-  // Only the default variant reads packed tiles, and only with AVX2 (the scalar code reads rows);
-  // a view is packed once.
-  if (w.kernel_variant != kVariantDefault || !has_avx2_f16c()) return;
+  // Only the AVX2 and VNNI kernels read packed tiles (the scalar code reads rows); a view is packed
+  // once.
+  const int32_t v = w.kernel_variant;
+  if ((v != kKernelAuto && v != kKernelAvx2 && v != kKernelVnni) || !has_avx2_f16c()) return;
   const size_t row_bytes = dtype_row_bytes(w.dtype, w.cols);
   const size_t bb = dtype_block_bytes(w.dtype);
   const size_t blocks = row_bytes / bb;
@@ -175,11 +174,12 @@ void prepare_weight_blocks(WeightView& w) {
 
 void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kern) {
   const int32_t variant = w.kernel_variant & ~(kBlockTilesPacked | kBlockBandsPacked);
-  if (variant != kVariantDefault && variant != kVariantScalar) {
+  if (variant != kKernelAuto && variant != kKernelReference && variant != kKernelAvx2 && variant != kKernelVnni) {
     throw Error("cpu gemm on " + std::string(kern.name) + ": unknown kernel variant " + std::to_string(variant) +
-                " (0 = default, 2 = scalar)");
+                " (0 = auto, 2 = scalar, 3 = avx2, 4 = vnni)");
   }
-  const bool avx2 = variant == kVariantDefault && has_avx2_f16c();
+  const bool vnni = vnni_for(variant, kern.name) && has_avx2_f16c();
+  const bool avx2 = variant != kKernelReference && has_avx2_f16c();
   if ((w.kernel_variant & (kBlockTilesPacked | kBlockBandsPacked)) != 0 && !avx2) {
     throw Error("cpu gemm on " + std::string(kern.name) + ": a view packed into bands and tiles needs the AVX2 kernel");
   }
@@ -207,7 +207,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
   const int64_t weight_bytes = n * (k / kQBlock) * int64_t(kern.block_bytes);
   if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize(mine, 0, m);
-    gemm_rows({mine.xq.data(), mine.xd.data(), k}, m, w, 0, n, y, kern, avx2);
+    gemm_rows({mine.xq.data(), mine.xd.data(), k}, m, w, 0, n, y, kern, avx2, vnni);
     return;
   }
   const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
@@ -218,7 +218,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
     const Scratch& s = team_quantized_x(*caller, mine, m, m, size_scratch, quantize);  // slices: rows
     for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) {
       gemm_rows({s.xq.data(), s.xd.data(), k}, m, w, r.begin * kRowsPerBand, std::min(n, r.end * kRowsPerBand), y,
-                kern, avx2);
+                kern, avx2, vnni);
     }
   }
 }

@@ -5,9 +5,11 @@
 // quantization and the tile packing (gemm_blocks_cpu.cpp), and the AVX2 tile runner and helpers
 // (below); the block dots themselves live in gemm_q8_0_cpu.cpp and gemm_q4_0_cpu.cpp.
 //
-// WeightView::kernel_variant for Q8_0 / Q4_0 on the CPU:
-//   0  the default: AVX2 (+FMA, F16C) when the CPU has it, otherwise portable scalar code
-//   2  the scalar code, whatever the CPU (for tests and comparisons; same number as the i8 gemm's)
+// WeightView::kernel_variant for Q8_0 / Q4_0 on the CPU (the numbers of kernels_cpu.h):
+//   0  auto: AVX2 (+FMA, F16C) when the CPU has it, with AVX-512 VNNI's vpdpbusd for decode's
+//      bands where it has that too; otherwise portable scalar code
+//   2  the scalar code, whatever the CPU (for tests and comparisons)
+//   3  AVX2 without VNNI; 4  VNNI for bands (refused where the CPU lacks it)
 // plus the flags kBlockBandsPacked and kBlockTilesPacked, set by prepare_weight_blocks().
 #pragma once
 
@@ -55,6 +57,7 @@ struct BlockKernels {
   BlockTileFn avx2[2]; // [packed]
   BlockTileFn scalar;  // row-major
   BlockBandFn band;    // AVX2 on bands
+  BlockBandFn band_vnni;  // the same with VNNI for a single x row (decode)
 };
 
 // From this many x rows a tile's blocks are first unpacked into a small per-thread buffer (int8
@@ -270,6 +273,15 @@ void run_band_avx2(const uint8_t* band, const BlockActivations& x, int64_t i0, i
     Format::unpack_band_half(band, half, blocks, buf);
     run_tile_rows<Format, BlockSource::packed>(nullptr, &buf, x, i0, i1, y + 4 * half, ldy, 4);
   }
+}
+
+// run_band_avx2 where one x row (decode) goes through Format::band_row_vnni: the same int32 dots
+// by vpdpbusd, so the same bits.
+template <class Format>
+void run_band_vnni(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
+  const int64_t blocks = x.k / kQBlock;
+  if (i1 - i0 == 1) return Format::band_row_vnni(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y);
+  run_band_avx2<Format>(band, x, i0, i1, y, ldy);
 }
 
 // Whether the AVX2 block kernels can run (AVX2, FMA and F16C for the fp16 block scales).

@@ -55,6 +55,8 @@ bool is_linear(const GgufTensor& t) {
 constexpr int32_t kCpuPackedTiles = 1 << 8;
 constexpr int32_t kCpuPackedBands = 1 << 9;
 constexpr int32_t kCpuScalarVariant = 2;
+constexpr int32_t kCpuAvx2Variant = 3;
+constexpr int32_t kCpuVnniVariant = 4;
 
 bool cpu_packs_blocks() {
   __builtin_cpu_init();
@@ -322,14 +324,16 @@ BlockGemmCase block_case(DType t, int64_t m, int64_t n, int64_t k, uint64_t seed
   return c;
 }
 
-// y from a view of the file's bytes as they are (not prepared), with the given kernel variant.
-std::vector<float> raw_gemm(const BlockGemmCase& c, int32_t variant) {
+// y from a view of the file's bytes as they are (not prepared, unless `prepared`: laid out by the
+// backend as a quantizer's are), with the given kernel variant.
+std::vector<float> raw_gemm(const BlockGemmCase& c, int32_t variant, bool prepared = false) {
   Backend& b = *cpu_backend();
   DeviceBuffer wb(b, c.bytes.size()), xb(b, c.x.size() * sizeof(float)), yb(b, size_t(c.m * c.n) * sizeof(float));
   wb.upload(c.bytes.data(), c.bytes.size());
   xb.upload(c.x.data(), c.x.size() * sizeof(float));
   WeightView view{wb.get(), c.t, c.n, c.k};
   view.kernel_variant = variant;
+  if (prepared) b.prepare_weight(view);
   b.gemm(xb.as<float>(), c.m, view, yb.as<float>());
   b.synchronize();
   std::vector<float> y(size_t(c.m * c.n));
@@ -365,6 +369,9 @@ void check_block_gemm(const BlockGemmCase& c) {
   expect_near_reference(c, rows, "row-major");
   EXPECT_EQ(packed, rows);
   expect_near_reference(c, raw_gemm(c, kCpuScalarVariant), "scalar");
+  // The kernels one can name give the default's bits: 3 AVX2 alone, 4 VNNI (decode's bands).
+  EXPECT_EQ(raw_gemm(c, kCpuAvx2Variant, true), packed) << "avx2";
+  if (test::cpu_has_vnni()) EXPECT_EQ(raw_gemm(c, kCpuVnniVariant, true), packed) << "vnni";
 }
 
 TEST(Gguf, BlockKernelsMatchTheReferenceOnAwkwardShapes) {
