@@ -1,5 +1,6 @@
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "kernels_cpu.h"
@@ -15,8 +16,15 @@ bool has_avx2() {
   return value;
 }
 
+// TESSERA_CPU_ISA=avx2 keeps the kernels off AVX-512 VNNI where the CPU has it: to compare the two
+// on one machine, or to see what a CPU without it gets.
 bool has_avx512_vnni() {
   static const bool value = [] {
+    if (const char* cap = std::getenv("TESSERA_CPU_ISA"); cap != nullptr) {
+      if (std::string(cap) == "avx2") return false;
+      throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
+                  "': the CPU kernels take avx2 (no AVX-512 VNNI), or leave it unset for what the CPU has");
+    }
     __builtin_cpu_init();
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
@@ -28,8 +36,8 @@ bool vnni_for(int32_t variant, const char* gemm) {
   const int32_t v = variant & ~kKernelFlags;
   if (v == kKernelVnni && !has_avx512_vnni()) {
     throw Error(std::string("cpu gemm on ") + gemm +
-                ": kernel vnni needs AVX-512 VNNI (avx512vnni, avx512vl, avx512bw), which this CPU lacks; "
-                "use kernel auto or avx2");
+                ": kernel vnni needs AVX-512 VNNI (avx512vnni, avx512vl, avx512bw), which this CPU lacks "
+                "(or TESSERA_CPU_ISA=avx2 hides); use kernel auto or avx2");
   }
   return v == kKernelVnni || (v == kKernelAuto && has_avx512_vnni());
 }

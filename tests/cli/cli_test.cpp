@@ -59,6 +59,36 @@ TEST(Cli, ModelFlagOverridesThePipeline) {
   EXPECT_EQ(j["completion_token_ids"], nlohmann::json({319, 459, 355, 260}));
 }
 
+TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
+  // TESSERA_CPU_ISA=avx2 runs the int kernels as on a CPU without AVX-512 VNNI: the same tokens
+  // (both kernels compute the same exact dots), and kernel vnni refused at load, naming the tensor.
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_isa_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string vnni = (dir / "vnni.yaml").string();
+  std::ofstream(vnni) << "extends: " TESSERA_SOURCE_DIR "/pipelines/int8.yaml\n"
+                      << "components:\n  quantizer: { plugin: int8, kernel: vnni }\n";
+  const std::string run = "run --format json -n 12 -p pipelines/int4.yaml -m '" + test::kStoriesF32 + "' 'Once upon'";
+  const Output plain = tessera_cmd(run);
+  ASSERT_EQ(plain.status, 0) << plain.text;
+  ::setenv("TESSERA_CPU_ISA", "avx2", 1);
+  const Output capped = tessera_cmd(run);
+  const Output refused = tessera_cmd("run -n 2 -p '" + vnni + "' -m '" + test::kStoriesF32 + "' hi");
+  ::setenv("TESSERA_CPU_ISA", "avx512", 1);
+  const Output unknown = tessera_cmd(run);
+  ::unsetenv("TESSERA_CPU_ISA");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(capped.status, 0) << capped.text;
+  const auto ids = [](const Output& o) {
+    return nlohmann::json::parse(o.text.substr(o.text.find('{')))["completion_token_ids"];
+  };
+  EXPECT_EQ(ids(capped), ids(plain));
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.text.find("needs AVX-512 VNNI"), std::string::npos) << refused.text;
+  EXPECT_NE(refused.text.find("blk.0.attn_q.weight"), std::string::npos) << refused.text;
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_NE(unknown.text.find("TESSERA_CPU_ISA is 'avx512'"), std::string::npos) << unknown.text;
+}
+
 TEST(Cli, PluginsJsonListsKindNameLibraryAndParameters) {
   const Output o = tessera_cmd("plugins --format json");
   ASSERT_EQ(o.status, 0) << o.text;
