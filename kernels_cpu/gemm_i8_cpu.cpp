@@ -241,8 +241,7 @@ void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView
 }  // namespace
 
 void prepare_weight_i8(WeightView& w) {
-  // Only the default variant's AVX2 kernel reads panels (the scalar fallback reads rows); a view
-  // is packed once.
+  // Only the AVX2 and VNNI kernels read panels (the scalar code reads rows); a view is packed once.
   const int32_t v = w.kernel_variant;
   if ((v == kKernelAuto || v == kKernelAvx2 || v == kKernelVnni) && has_avx2()) prepare_weight_i8_panels(w);
 }
