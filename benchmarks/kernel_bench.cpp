@@ -43,6 +43,10 @@ const std::vector<Scheme>& schemes() {
       {"gguf-q4_0", "gguf", nlohmann::json::object(), DType::Q4_0},
       {"gguf-q4_k", "gguf", nlohmann::json::object(), DType::Q4_K},
       {"gguf-q6_k", "gguf", nlohmann::json::object(), DType::Q6_K},
+      // The int kernels without AVX-512 VNNI, beside the defaults above (which take it where the
+      // CPU has it): the same weights and results, so the ratio is the instruction set's.
+      {"int8-avx2", "int8", {{"kernel", "avx2"}}, DType::F32},
+      {"int4-g32-avx2", "int4", {{"group_size", 32}, {"kernel", "avx2"}}, DType::F32},
   };
   return s;
 }
