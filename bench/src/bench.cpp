@@ -173,6 +173,8 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
 void describe(PipelineRun& r, Pipeline& p) {
   r.describe = p.describe();
   r.backend = std::string(p.backend().name());
+  const auto devices = p.backend().devices();
+  r.device = devices.empty() ? "" : devices.front().name;
   r.model_path = p.model_path();
   r.weight_formats = p.model().weight_formats();
   r.model = p.model().config();
@@ -358,6 +360,7 @@ BenchOutcome run_bench(const BenchOptions& o, const Registry& registry, std::ost
   }
   if (ref != nullptr) {
     conditions["backend"] = ref->server.empty() ? ref->backend : "n/a (server " + ref->server + ")";
+    conditions["device"] = ref->server.empty() ? ref->device : "n/a";
     conditions["model"] = {{"path", ref->model_path},
                            {"name", ref->model.name},
                            {"weights", ref->weight_formats},

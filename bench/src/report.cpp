@@ -139,7 +139,7 @@ std::string conditions_line(const json& w, const json& c) {
       << "% of requests, " << w["system_prompt"]["scope"].get<std::string>();
   }
   s << ") on " << c["cpu"]["model"].get<std::string>() << ", " << c["threads"] << " threads, "
-    << c["backend"].get<std::string>() << " backend, model " << c["model"]["name"].get<std::string>() << " ("
+    << c["backend"].get<std::string>() << " backend (" << c.value("device", std::string("?")) << "), model " << c["model"]["name"].get<std::string>() << " ("
     << c["model"]["weights"].get<std::string>() << ", context " << c["model"]["context"] << "), " << c["build_type"].get<std::string>()
     << " build at " << c["git_commit"].get<std::string>();
   return s.str();

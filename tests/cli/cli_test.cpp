@@ -275,7 +275,7 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
   for (const char* path :
        {"schema", "workload.name", "workload.trace.fingerprint", "workload.classes", "conditions.cpu.model",
         "conditions.cpu.cores", "conditions.threads", "conditions.memory_bytes", "conditions.backend",
-        "conditions.model.path", "conditions.model.weights", "conditions.lengths", "conditions.load",
+        "conditions.device", "conditions.model.path", "conditions.model.weights", "conditions.lengths", "conditions.load",
         "conditions.build_type", "conditions.git_commit", "conditions.machine.read_bandwidth_gbs",
         "conditions.machine.fma_peak_gflops", "conditions.command", "five_questions.what_got_faster",
         "five_questions.under_which_conditions", "five_questions.for_which_request_classes",
@@ -284,6 +284,8 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
   }
   EXPECT_GT(at_path(r, "conditions.machine.read_bandwidth_gbs").get<double>(), 0.0);
   EXPECT_GT(at_path(r, "conditions.machine.fma_peak_gflops").get<double>(), 0.0);
+  // The CPU backend's device names the instruction set its kernels use.
+  EXPECT_NE(at_path(r, "conditions.device").get<std::string>().find("avx2"), std::string::npos) << r["conditions"];
   const nlohmann::json& base = r["pipelines"][0];
   const nlohmann::json& paged = r["pipelines"][1];
   for (const nlohmann::json* p : {&base, &paged}) {

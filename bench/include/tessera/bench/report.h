@@ -23,6 +23,7 @@ struct PipelineRun {
   std::string failed_stage;  // "load", "run" (or "accuracy", which keeps the run's figures)
   std::string describe;
   std::string backend;
+  std::string device;  // the backend's first device as it names itself (for the CPU: model and ISA)
   std::string model_path;
   std::string weight_formats;
   ModelConfig model;
