@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -306,10 +307,9 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // operations to split it and four to multiply and sum. Same int32 dots, so the same results to the
 // bit. Groups, then their blocks: no division per block. No software prefetch (the decode stream is
 // one sequential read a thread). Two accumulator chains a half (four in all) were no faster.
-template <bool kUnpacked>
 __attribute__((target(VNNI_TARGET))) void band_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
-                                                        const Band& band, const uint8_t* nib, int64_t k, int64_t g,
-                                                        int64_t rows, float* y) {
+                                                        const Band& band, int64_t k, int64_t g, int64_t rows,
+                                                        float* y) {
   const int64_t groups = k / g;
   const int64_t blocks = k / kBlock;
   const int64_t blocks_per_group = g / kBlock;
@@ -324,20 +324,11 @@ __attribute__((target(VNNI_TARGET))) void band_row_vnni(const int8_t* xr, const 
       __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
-        __m256i l, h;
-        if constexpr (kUnpacked) {
-          const auto* v = reinterpret_cast<const __m256i*>(nib) + b * 8 + 2 * c;
-          l = _mm256_loadu_si256(v);
-          h = _mm256_loadu_si256(v + 1);
-        } else {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + c * 32));
-          l = _mm256_and_si256(w, mask);
-          h = _mm256_andnot_si256(mask, w);
-        }
-        lo = _mm256_dpbusd_epi32(lo, l, _mm256_set1_epi32(xq[2 * c]));
-        hi = _mm256_dpbusd_epi32(hi, h, _mm256_set1_epi32(xq[2 * c + 1]));
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + c * 32));
+        lo = _mm256_dpbusd_epi32(lo, _mm256_and_si256(w, mask), _mm256_set1_epi32(xq[2 * c]));
+        hi = _mm256_dpbusd_epi32(hi, _mm256_andnot_si256(mask, w), _mm256_set1_epi32(xq[2 * c + 1]));
       }
-      const __m256i dot = _mm256_add_epi32(lo, kUnpacked ? hi : _mm256_srai_epi32(hi, 4));
+      const __m256i dot = _mm256_add_epi32(lo, _mm256_srai_epi32(hi, 4));
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s, _mm256_set1_ps(xd[b])), acc);
     }
   }
@@ -347,12 +338,13 @@ __attribute__((target(VNNI_TARGET))) void band_row_vnni(const int8_t* xr, const 
   for (int64_t r = 0; r < rows; ++r) y[r] = out[r] - c[r];
 }
 
-// band_row_vnni<true> for kRows rows of x at once (row r: xr + r·k, its y at y + r·ldy): each load
-// of the split nibbles serves every row, and each row takes exactly band_row_vnni's operations in
-// its order, so its bits are the same alone or in a batch. Four rows: the 128-row prefill from
-// cache took ~20% less time than one row at a time (BM_Gemm/3/128/2048/768, one thread, 30
-// alternating runs: min 2569 vs 3191 us for the AVX2 code, which one row at a time matched);
-// eight rows spill registers (40% slower).
+// Prefill with VNNI: kRows rows of x (row r: xr + r·k, its y at y + r·ldy) against a band split
+// into `nib` (run_band), the high nibbles already shifted down. Each load of the split nibbles
+// serves every row, and each row takes the same operations in the same order whatever kRows, so
+// its bits are the same alone or in a batch (and band_row_vnni's: the same exact dots). Four rows:
+// the 128-row prefill from cache took ~20% less time than one row at a time (BM_Gemm/3/128/2048/768,
+// one thread, 30 alternating runs: min 2569 vs 3191 us for the AVX2 code, which one row at a time
+// matched); eight rows spill registers (40% slower).
 template <int kRows>
 __attribute__((target(VNNI_TARGET))) void band_rows_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                          const Band& band, const uint8_t* nib, int64_t k, int64_t g,
@@ -402,7 +394,7 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
   if (m == 1) {
-    if (vnni) return band_row_vnni<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
+    if (vnni) return band_row_vnni(xq.q.data(), xq.d.data(), xq.gsum.data(), band, k, g, rows, y);
     return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y);
   }
   scratch.resize(size_t(blocks * 8 * sizeof(__m256i)));
@@ -415,16 +407,24 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
       _mm256_storeu_si256(v + 2 * i + 1, nb.hi);
     }
   }
+  auto at = [&](int64_t i) {  // row i of quantized x: its bytes, block scales and group sums
+    return std::make_tuple(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups);
+  };
   int64_t i = 0;
-  constexpr int kVnniRows = 4;
-  for (; vnni && i + kVnniRows <= m; i += kVnniRows) {
-    band_rows_vnni<kVnniRows>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band,
-                              scratch.data(), k, g, rows, y + i * n, n);
+  if (vnni) {
+    for (; i + 4 <= m; i += 4) {
+      const auto [xr, xd, gs] = at(i);
+      band_rows_vnni<4>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n, n);
+    }
+    for (; i < m; ++i) {
+      const auto [xr, xd, gs] = at(i);
+      band_rows_vnni<1>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n, n);
+    }
+    return;
   }
-  const auto row = vnni ? band_row_vnni<true> : band_row<true>;
   for (; i < m; ++i) {
-    row(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band, scratch.data(), k, g, rows,
-        y + i * n);
+    const auto [xr, xd, gs] = at(i);
+    band_row<true>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n);
   }
 }
 
