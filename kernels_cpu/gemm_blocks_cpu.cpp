@@ -132,8 +132,7 @@ bool has_avx2_f16c() {
 void prepare_weight_blocks(WeightView& w) {
   // Only the AVX2 and VNNI kernels read packed tiles (the scalar code reads rows); a view is packed
   // once.
-  const int32_t v = w.kernel_variant;
-  if ((v != kKernelAuto && v != kKernelAvx2 && v != kKernelVnni) || !has_avx2_f16c()) return;
+  if (!simd_kernel(w.kernel_variant) || !has_avx2_f16c()) return;
   const size_t row_bytes = dtype_row_bytes(w.dtype, w.cols);
   const size_t bb = dtype_block_bytes(w.dtype);
   const size_t blocks = row_bytes / bb;
@@ -174,7 +173,7 @@ void prepare_weight_blocks(WeightView& w) {
 
 void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const BlockKernels& kern) {
   const int32_t variant = w.kernel_variant & ~(kBlockTilesPacked | kBlockBandsPacked);
-  if (variant != kKernelAuto && variant != kKernelReference && variant != kKernelAvx2 && variant != kKernelVnni) {
+  if (!simd_kernel(variant) && variant != kKernelReference) {
     throw Error("cpu gemm on " + std::string(kern.name) + ": unknown kernel variant " + std::to_string(variant) +
                 " (0 = auto, 2 = scalar, 3 = avx2, 4 = vnni)");
   }

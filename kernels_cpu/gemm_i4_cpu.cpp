@@ -506,8 +506,7 @@ void prepare_weight_i4(WeightView& w) {
   // sequential stream instead of three.
   WeightView v = w;
   if (v.group_size <= 0) v.group_size = v.cols;  // one group per row, as gemm_i4 reads it
-  const int32_t kernel = w.kernel_variant;
-  if ((kernel != kKernelAuto && kernel != kKernelAvx2 && kernel != kKernelVnni) || !avx2_applies(v)) return;
+  if (!simd_kernel(w.kernel_variant) || !avx2_applies(v)) return;
   const int64_t k = w.cols;
   const int64_t row_bytes = k / 2;
   const int64_t groups = k / v.group_size;
@@ -563,7 +562,7 @@ void prepare_weight_i4(WeightView& w) {
 
 void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
   const int32_t variant = view.kernel_variant & ~(kPackedBands | kBandStream);
-  if (variant != kKernelAuto && variant != kKernelReference && variant != kKernelAvx2 && variant != kKernelVnni) {
+  if (!simd_kernel(variant) && variant != kKernelReference) {
     throw Error("cpu gemm on i4: unknown kernel variant " + std::to_string(variant) +
                 " (0 = auto, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }

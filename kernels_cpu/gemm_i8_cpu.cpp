@@ -242,8 +242,7 @@ void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView
 
 void prepare_weight_i8(WeightView& w) {
   // Only the AVX2 and VNNI kernels read panels (the scalar code reads rows); a view is packed once.
-  const int32_t v = w.kernel_variant;
-  if ((v == kKernelAuto || v == kKernelAvx2 || v == kKernelVnni) && has_avx2()) prepare_weight_i8_panels(w);
+  if (simd_kernel(w.kernel_variant) && has_avx2()) prepare_weight_i8_panels(w);
 }
 
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
@@ -254,8 +253,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
                 "and libdnnl-dev installed)");
   }
 #endif
-  if (variant != kKernelAuto && variant != kVariantDnnl && variant != kKernelReference && variant != kKernelAvx2 &&
-      variant != kKernelVnni) {
+  if (!simd_kernel(variant) && variant != kVariantDnnl && variant != kKernelReference) {
     throw Error("cpu gemm on i8: unknown kernel variant " + std::to_string(variant) +
                 " (0 = auto, 1 = oneDNN, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }

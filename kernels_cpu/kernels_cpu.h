@@ -71,6 +71,10 @@ inline constexpr int32_t kKernelReference = 2;  // scalar, row-major weights
 inline constexpr int32_t kKernelAvx2 = 3;       // vpmaddubsw even where the CPU has VNNI; scalar without AVX2
 inline constexpr int32_t kKernelVnni = 4;       // vpdpbusd; refused where the CPU lacks AVX-512 VNNI
 inline constexpr int32_t kKernelFlags = ~0xff;
+// The variants whose kernels read the packed layouts prepare_weight lays out (all but reference).
+inline bool simd_kernel(int32_t variant) {
+  return variant == kKernelAuto || variant == kKernelAvx2 || variant == kKernelVnni;
+}
 // Whether `variant` runs the VNNI dot products; throws, naming `gemm`, for kKernelVnni on a CPU
 // without them.
 bool vnni_for(int32_t variant, const char* gemm);
