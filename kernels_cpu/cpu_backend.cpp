@@ -51,11 +51,14 @@ class CpuBackend final : public Backend {
                   std::to_string(kMaxThreads) + ")");
     }
     if (threads > 0) set_threads(static_cast<int>(threads));
+    stream_tuning();  // a bad TESSERA_CPU_TUNING is refused here, not inside a kernel's team
   }
 
   std::string_view name() const override { return "cpu"; }
   std::vector<DeviceInfo> devices() const override {
-    return {DeviceInfo{0, cpu_model_name() + (has_avx512_vnni() ? " (avx2, avx512 vnni)" : has_avx2() ? " (avx2)" : " (no avx2)"), total_memory()}};
+    const char* isa = has_avx512_vnni() ? "avx2, avx512 vnni" : has_avx2() ? "avx2" : "no avx2";
+    return {DeviceInfo{0, cpu_model_name() + " (" + isa + ", " + stream_tuning_name(stream_tuning()) + " tuning)",
+                       total_memory()}};
   }
   bool supports(Op op, DType dtype) const override {
     switch (op) {

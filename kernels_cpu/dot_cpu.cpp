@@ -32,6 +32,22 @@ bool has_avx512_vnni() {
   return value;
 }
 
+StreamTuning stream_tuning() {
+  static const StreamTuning value = [] {
+    if (const char* env = std::getenv("TESSERA_CPU_TUNING"); env != nullptr) {
+      if (std::string(env) == "amd") return StreamTuning::amd;
+      if (std::string(env) == "intel") return StreamTuning::intel;
+      throw Error(std::string("TESSERA_CPU_TUNING is '") + env +
+                  "': the CPU kernels' decode reads are tuned for amd or intel, or leave it unset for this CPU's vendor");
+    }
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") ? StreamTuning::intel : StreamTuning::amd;
+  }();
+  return value;
+}
+
+const char* stream_tuning_name(StreamTuning t) { return t == StreamTuning::intel ? "intel" : "amd"; }
+
 bool vnni_for(int32_t variant, const char* gemm) {
   const int32_t v = variant & ~kKernelFlags;
   if (v == kKernelVnni && !has_avx512_vnni()) {

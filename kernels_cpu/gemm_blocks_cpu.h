@@ -28,7 +28,7 @@ inline constexpr int64_t kQBlock = 32;                 // elements per weight an
 inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
 inline constexpr int32_t kBlockBandsPacked = 1 << 9;   // kernel_variant flag: 8-row bands first
 inline constexpr int64_t kRowsPerBand = 8;
-inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream
+inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream (off Intel, in decode)
 
 // x quantized per block of 32: q [m][k] int8, d [m][k/32] block scales.
 struct BlockActivations {
@@ -216,9 +216,11 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
 // row 2p+1's chunk c, so each chunk of a pair is one 32-byte load, as tile() holds it in a register.
 inline constexpr int64_t kBandScaleBytes = 2 * kRowsPerBand;
 
-// A packed stream's prefetch, `bytes` (one band block) ahead by kBlockPrefetchBytes.
-inline void prefetch_band_block(const uint8_t* blk, int64_t bytes) {
-  const char* next = reinterpret_cast<const char*>(blk) + kBlockPrefetchBytes;
+// A packed stream's prefetch, `bytes` (one band block) `ahead` bytes on: decode_prefetch_bytes,
+// kBlockPrefetchBytes off Intel.
+inline void prefetch_band_block(const uint8_t* blk, int64_t bytes, int64_t ahead) {
+  if (ahead == 0) return;
+  const char* next = reinterpret_cast<const char*>(blk) + ahead;
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
 }
 
@@ -233,9 +235,9 @@ struct BandStep {
 
 template <int64_t kBandBlockBytes>
 __attribute__((target("avx2,fma,f16c"))) inline BandStep band_step(const uint8_t* band, const int8_t* xq,
-                                                                   const float* xd, int64_t b) {
+                                                                   const float* xd, int64_t b, int64_t ahead) {
   const uint8_t* blk = band + b * kBandBlockBytes;
-  prefetch_band_block(blk, kBandBlockBytes);
+  prefetch_band_block(blk, kBandBlockBytes, ahead);
   const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
   const int8_t* xb = xq + b * kQBlock;
   return {blk, _mm256_mul_ps(dw, _mm256_set1_ps(xd[b])),
@@ -267,7 +269,9 @@ __attribute__((target("avx2,fma"))) inline void store_band_sums(const __m256 (&a
 template <class Format>
 void run_band_avx2(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
   const int64_t blocks = x.k / kQBlock;
-  if (i1 - i0 == 1) return Format::band_row(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y);
+  if (i1 - i0 == 1) {
+    return Format::band_row(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y, decode_prefetch_bytes(kBlockPrefetchBytes));
+  }
   TileBuffer& buf = tile_buffer<Format>(blocks);
   for (int half = 0; half < 2; ++half) {
     Format::unpack_band_half(band, half, blocks, buf);
@@ -280,7 +284,10 @@ void run_band_avx2(const uint8_t* band, const BlockActivations& x, int64_t i0, i
 template <class Format>
 void run_band_vnni(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
   const int64_t blocks = x.k / kQBlock;
-  if (i1 - i0 == 1) return Format::band_row_vnni(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y);
+  if (i1 - i0 == 1) {
+    return Format::band_row_vnni(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y,
+                                 decode_prefetch_bytes(kBlockPrefetchBytes));
+  }
   run_band_avx2<Format>(band, x, i0, i1, y, ldy);
 }
 

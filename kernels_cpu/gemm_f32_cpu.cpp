@@ -61,15 +61,16 @@ __attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, 
 }
 
 // Decode: one x row against P panels at once, `spacing` panels apart (P sequential streams for the
-// hardware prefetcher, no software prefetch; 2P FMA chains hide the FMA latency that one panel's
-// two chains would wait on). Four streams read at the bandwidth probe's rate where two with a
-// prefetch ahead fell short in this VM's fast minutes (see gemm_i8_panels_cpu.cpp). run_panels
+// hardware prefetcher; 2P FMA chains hide the FMA latency that one panel's two chains would wait
+// on). On AMD EPYC four streams with no software prefetch read at the bandwidth probe's rate where
+// two with a prefetch ahead fell short in the fast minutes (see gemm_i8_panels_cpu.cpp); on Intel
+// each stream prefetches a quarter of decode_prefetch_bytes ahead (`ahead`: f32 110m decode +18%). run_panels
 // spaces them a quarter of a claim apart, so that each runs on through its quarter: the int4
 // pipeline's f32 output head (70% of its bytes a token) read ~3% closer to the probe in the fast
 // minutes (BM_DecodeRoofline/2, 4 alternating pairs), f32 alone the same (within noise, at 95-99%).
 template <int P>
 __attribute__((target("avx2,fma"))) void row_panels(const float* x, const float* wp, int64_t k, int64_t spacing,
-                                                    float* y) {
+                                                    float* y, int64_t ahead) {
   __m256 acc[P][2];
 #pragma GCC unroll 4
   for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = _mm256_setzero_ps();
@@ -78,6 +79,7 @@ __attribute__((target("avx2,fma"))) void row_panels(const float* x, const float*
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       const float* w = wp + p * spacing * k * kPanel + i * kPanel;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(w) + ahead, _MM_HINT_T0);
       acc[p][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w), acc[p][0]);
       acc[p][1] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + 8), acc[p][1]);
     }
@@ -134,17 +136,19 @@ void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_
   if (m == 1) {  // one pass; x as it is is the packed layout
     if ((q1 - q0) % kDecodePanels == 0 && q1 - q0 > kDecodePanels) {  // streams through the quarters
       const int64_t spacing = (q1 - q0) / kDecodePanels;
-      for (int64_t q = q0; q < q0 + spacing; ++q) row_panels<4>(x, panels + q * kPanel * k, k, spacing, y + q * kPanel);
+      for (int64_t q = q0; q < q0 + spacing; ++q) {
+        row_panels<4>(x, panels + q * kPanel * k, k, spacing, y + q * kPanel, decode_prefetch_bytes(0) / 4);
+      }
       return;
     }
-    using RowFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
+    using RowFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t);
     constexpr RowFn kRows[kDecodePanels + 1] = {nullptr, nullptr, row_panels<2>, row_panels<3>, row_panels<4>};
     for (int64_t q = q0; q < q1; q += kDecodePanels) {
       const int64_t p = std::min(kDecodePanels, q1 - q);
       if (p == 1) {
         panel_pass(x, 1, w, y, q, 0, k);  // one stream keeps tile<1>'s prefetch
       } else {
-        kRows[p](x, panels + q * kPanel * k, k, 1, y + q * kPanel);
+        kRows[p](x, panels + q * kPanel * k, k, 1, y + q * kPanel, decode_prefetch_bytes(0) / p);
       }
     }
     return;

@@ -39,6 +39,14 @@ constexpr int64_t kQuadBytes = 4 * kPanel;  // one quad of columns of a panel
 constexpr int64_t kMr = 6;
 constexpr int64_t kPrefetchBytes = 2048;
 
+// Decode's software prefetch of a step's two cache lines `ahead` bytes on (decode_prefetch_bytes).
+inline void prefetch_step(const int8_t* w, int64_t ahead) {
+  if (ahead != 0) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + ahead, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + ahead + 64, _MM_HINT_T0);
+  }
+}
+
 __attribute__((target("avx2"))) inline __m256i broadcast_quad(const int32_t* p) { return _mm256_set1_epi32(*p); }
 
 // acc += the int32 dots of 8 rows (32 bytes at w) with one quad of x, given as |x| and x.
@@ -114,16 +122,18 @@ __attribute__((target("avx2"))) inline void store_rows(__m256i lo, __m256i hi, f
 // Decode of one panel (one row of x, k a multiple of 4): tile<1>'s products, two quads (two cache
 // lines) per step and two accumulator chains, rescaled straight into y as the general epilogue
 // below does. Unrolled so, the loop issues fewer instructions per byte than tile<1>'s, which leaves
-// the core room to keep more of the stream in flight. No software prefetch: a thread's panels
-// follow one another in memory, one sequential stream that the hardware prefetcher runs ahead of
-// (with a prefetch 2 KiB ahead the int8 110m decode was ~5% slower in the fast minutes).
+// the core room to keep more of the stream in flight. A thread's panels follow one another in
+// memory, one sequential stream; on AMD EPYC the hardware prefetcher alone ran ahead of it best
+// (with a prefetch 2 KiB ahead the int8 110m decode was ~5% slower in the fast minutes), on Intel a
+// software prefetch 8 KiB ahead keeps more in flight (`ahead`, decode_prefetch_bytes).
 __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int8_t* wp, int64_t kq, float sx,
-                                                    const float* scales, float* y) {
+                                                    const float* scales, float* y, int64_t ahead) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
   int64_t q = 0;
   for (; q + 2 <= kq; q += 2) {
     const int8_t* w = wp + q * kQuadBytes;
+    prefetch_step(w, ahead);
     const __m256i ax0 = broadcast_quad(xp + 2 * q), sx0 = broadcast_quad(xp + 2 * q + 1);
     const __m256i ax1 = broadcast_quad(xp + 2 * q + 2), sx1 = broadcast_quad(xp + 2 * q + 3);
     add_quad(ax0, sx0, w, ones, a0);
@@ -141,11 +151,12 @@ __attribute__((target("avx2,fma"))) void row_into_y(const int32_t* xp, const int
 
 // row_into_y with add_quad_vnni.
 __attribute__((target(VNNI_TARGET))) void row_into_y_vnni(const int32_t* xp, const int8_t* wp, int64_t kq, float sx,
-                                                         const float* scales, float* y) {
+                                                         const float* scales, float* y, int64_t ahead) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
   int64_t q = 0;
   for (; q + 2 <= kq; q += 2) {
     const int8_t* w = wp + q * kQuadBytes;
+    prefetch_step(w, ahead);
     const __m256i ax0 = broadcast_quad(xp + 2 * q), sx0 = broadcast_quad(xp + 2 * q + 1);
     const __m256i ax1 = broadcast_quad(xp + 2 * q + 2), sx1 = broadcast_quad(xp + 2 * q + 3);
     add_quad_vnni(ax0, sx0, w, a0);
@@ -159,6 +170,33 @@ __attribute__((target(VNNI_TARGET))) void row_into_y_vnni(const int32_t* xp, con
     add_quad_vnni(ax, sx0, wp + q * kQuadBytes + 32, a1);
   }
   store_rows(_mm256_add_epi32(a0, b0), _mm256_add_epi32(a1, b1), sx, scales, y);
+}
+
+// row_into_y_vnni over S panels side by side, `spacing` panels apart: S streams, each step one quad
+// (a cache line) of each, each stream prefetching `ahead` bytes on every other line. With the
+// intel tuning decode reads four (see stream_tuning).
+template <int S>
+__attribute__((target(VNNI_TARGET))) void rows_into_y_vnni(const int32_t* xp, const int8_t* wp, int64_t kq,
+                                                          int64_t spacing, float sx, const float* scales, float* y,
+                                                          int64_t ahead) {
+  const int64_t stride = spacing * kPanel * kq * 4;  // bytes from one stream's panel to the next's
+  __m256i a[S][2];
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p) a[p][0] = a[p][1] = _mm256_setzero_si256();
+  for (int64_t q = 0; q < kq; ++q) {
+    const __m256i ax = broadcast_quad(xp + 2 * q), sxq = broadcast_quad(xp + 2 * q + 1);
+#pragma GCC unroll 4
+    for (int p = 0; p < S; ++p) {
+      const int8_t* w = wp + p * stride + q * kQuadBytes;
+      if ((q & 1) == 0) prefetch_step(w, ahead);
+      add_quad_vnni(ax, sxq, w, a[p][0]);
+      add_quad_vnni(ax, sxq, w + 32, a[p][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p) {
+    store_rows(a[p][0], a[p][1], sx, scales + p * spacing * kPanel, y + p * spacing * kPanel);
+  }
 }
 
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);
@@ -243,14 +281,26 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
   const int64_t n = w.rows;
   const auto* panels = static_cast<const int8_t*>(w.data);
   if (m == 1 && k % 4 == 0) {
-    // One stream a thread: its claimed panels one after another. On this machine (Zen 3 VM, two
-    // vCPUs) that read faster than four streams through the claim's quarters (the layout before):
-    // int8 110m decode +7% in the minutes when the bandwidth probe read ~33 GB/s, +5% when it read
-    // 40-56 (BM_DecodeRoofline/1, 38 + 9 runs alternated in one process), where the same kind of
-    // VM in earlier sessions had four streams ahead. A pure read shows the same: one stream 1-12%
-    // faster than four at ~33 GB/s, up to 55% in the fast minutes.
+    // amd tuning: one stream a thread, its claimed panels one after another. On a Zen 3 VM (two
+    // vCPUs) that read faster than four streams through the claim's quarters: int8 110m decode +7%
+    // in the minutes when the bandwidth probe read ~33 GB/s, +5% when it read 40-56
+    // (BM_DecodeRoofline/1, 38 + 9 runs alternated in one process); a pure read there one stream
+    // 1-12% faster than four, up to 55% in the fast minutes. intel tuning (VNNI): four streams
+    // through the claim's quarters, each prefetching ahead: on a Xeon VM the int8 110m decode 258
+    // -> 334 tok/s (8 alternating `tessera run -n 256` pairs, all faster), BM_GemvStream/2 27 -> 35 GB/s.
+    const int64_t ahead = decode_prefetch_bytes(0);
+    constexpr int S = kIntelI8DecodeStreams;
+    if (vnni && stream_tuning() == StreamTuning::intel && q1 - q0 >= S) {  // S streams through the claim's parts
+      const int64_t spacing = (q1 - q0) / S;
+      for (int64_t q = q0; q < q0 + spacing; ++q) {
+        rows_into_y_vnni<S>(xp, panels + q * kPanel * k, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel,
+                            ahead / S);
+      }
+      q0 += spacing * S;
+    }
     for (int64_t q = q0; q < q1; ++q) {
-      (vnni ? row_into_y_vnni : row_into_y)(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel, y + q * kPanel);
+      (vnni ? row_into_y_vnni : row_into_y)(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel,
+                                            y + q * kPanel, ahead);
     }
     return;
   }

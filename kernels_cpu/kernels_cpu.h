@@ -60,6 +60,28 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
 }
 
 bool has_avx2();
+
+// How a decode GEMV (one row of x) reads its weights, tuned per host: the same kernels read
+// fastest with different patterns on the two kinds of machine measured (2-vCPU VMs).
+//  amd:   each kernel's own choice, measured on AMD EPYC (Zen 3/4): int8 and int4 one stream a
+//         thread with no software prefetch (2 KiB ahead made the int8 decode ~5% slower; four
+//         streams 5-7%), Q8_0/Q4_0 one stream 2 KiB ahead, f32 four streams with none.
+//  intel: a software prefetch 8 KiB ahead of the reads over a thread's streams, and int8 (VNNI) in
+//         four streams: the hardware prefetcher stops at each 4 KiB page and one core alone kept too
+//         few lines in flight (Xeon with AVX-512, BM_DecodeRoofline and alternating `tessera run`:
+//         int4 +4%, Q8_0 +16%, f32 +18%, int8 +28% from the four streams, 0-35% from the prefetch).
+// From the CPU vendor (intel for Intel, amd otherwise); TESSERA_CPU_TUNING=amd|intel picks one on
+// any CPU, to compare them on one machine. Another value is refused by name.
+enum class StreamTuning { amd, intel };
+StreamTuning stream_tuning();
+const char* stream_tuning_name(StreamTuning t);
+inline constexpr int64_t kIntelPrefetchBytes = 8192;
+inline constexpr int kIntelI8DecodeStreams = 4;
+// The software prefetch distance of a decode stream: bytes ahead over all of a thread's streams
+// (a kernel reading S side by side prefetches this / S ahead in each); `on_amd` is the kernel's own.
+inline int64_t decode_prefetch_bytes(int64_t on_amd) {
+  return stream_tuning() == StreamTuning::intel ? kIntelPrefetchBytes : on_amd;
+}
 // AVX-512 VNNI on 256-bit vectors (vpdpbusd on ymm), for the int8 and int4 kernels' dot products.
 bool has_avx512_vnni();
 #define VNNI_TARGET "avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni"

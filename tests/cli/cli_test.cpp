@@ -89,6 +89,37 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   EXPECT_NE(unknown.text.find("TESSERA_CPU_ISA is 'avx512'"), std::string::npos) << unknown.text;
 }
 
+TEST(Cli, CpuTuningKeepsTheTokensOfEveryWeightFormatAndRefusesAnUnknownOne) {
+  // TESSERA_CPU_TUNING picks how decode GEMVs read their weights (streams, software prefetch), not
+  // what they compute: amd and intel give the same tokens for f32, int8, int4 and GGUF Q8_0/Q4_0
+  // on any CPU, whichever its vendor would pick.
+  const auto ids = [](const Output& o) {
+    return nlohmann::json::parse(o.text.substr(o.text.find('{')))["completion_token_ids"];
+  };
+  const auto q4 = std::filesystem::temp_directory_path() / ("tessera_tuning_q4_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_EQ(tessera_cmd("synth --preset tiny --dtype q4_0 -o '" + q4.string() + "'").status, 0);
+  const std::pair<const char*, std::string> runs[] = {
+      {"baseline.yaml", test::kStoriesF32}, {"int8.yaml", test::kStoriesF32}, {"int4.yaml", test::kStoriesF32},
+      {"gguf.yaml", test::kStoriesQ8}, {"gguf.yaml", q4.string()}};
+  for (const auto& [pipeline, model] : runs) {
+    const std::string run = std::string("run --format json -n 16 -p pipelines/") + pipeline + " -m '" + model + "' 'Once upon'";
+    ::setenv("TESSERA_CPU_TUNING", "amd", 1);
+    const Output amd = tessera_cmd(run);
+    ::setenv("TESSERA_CPU_TUNING", "intel", 1);
+    const Output intel = tessera_cmd(run);
+    ::unsetenv("TESSERA_CPU_TUNING");
+    ASSERT_EQ(amd.status, 0) << amd.text;
+    ASSERT_EQ(intel.status, 0) << intel.text;
+    EXPECT_EQ(ids(intel), ids(amd)) << pipeline << " " << model;
+  }
+  std::filesystem::remove(q4);
+  ::setenv("TESSERA_CPU_TUNING", "zen", 1);
+  const Output unknown = tessera_cmd("run -n 2 -m '" + test::kStoriesF32 + "' hi");
+  ::unsetenv("TESSERA_CPU_TUNING");
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_NE(unknown.text.find("TESSERA_CPU_TUNING is 'zen'"), std::string::npos) << unknown.text;
+}
+
 TEST(Cli, PluginsJsonListsKindNameLibraryAndParameters) {
   const Output o = tessera_cmd("plugins --format json");
   ASSERT_EQ(o.status, 0) << o.text;
