@@ -196,11 +196,12 @@ void BM_GemvLayers(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvLayers)->ArgsProduct({{0, 2, 3, 4, 5}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Read bandwidth over a buffer far larger than the caches, all threads, each reading its part as
-// one stream or four side by side (arg): the passes `tessera bench` times for its conditions
-// block, which takes the faster.
+// Read bandwidth over a buffer far larger than the caches, all threads, each reading its part in
+// one of the probe's patterns (arg: index in kProbePatterns): the passes `tessera bench` times for
+// its conditions block, which takes the fastest.
 void BM_MemoryReadBandwidth(benchmark::State& state) {
-  const int streams = int(state.range(0));
+  const int pattern = int(state.range(0));
+  const ProbePattern p = kProbePatterns[pattern];
   const size_t bytes = size_t(512) << 20;
   auto* buf = static_cast<float*>(map_huge_pages(bytes));  // as the CPU backend's weights
   if (buf == nullptr) {
@@ -209,13 +210,14 @@ void BM_MemoryReadBandwidth(benchmark::State& state) {
   }
   std::memset(buf, 1, bytes);
   double sink = 0;
-  for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4, streams);
+  for (auto _ : state) sink += read_bandwidth_pass(buf, bytes / 4, pattern);
   benchmark::DoNotOptimize(sink);
   state.counters["GB"] = benchmark::Counter(double(bytes) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
-  state.SetLabel(std::to_string(streams) + (streams == 1 ? " stream" : " streams") + " a thread");
+  state.SetLabel(std::to_string(p.streams) + (p.streams == 1 ? " stream" : " streams") + " a thread" +
+                 (p.prefetch_bytes == 0 ? "" : ", prefetch " + std::to_string(p.prefetch_bytes) + " B ahead in each"));
   unmap_huge_pages(buf, bytes);
 }
-BENCHMARK(BM_MemoryReadBandwidth)->Arg(kProbeStreams[0])->Arg(kProbeStreams[1])->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MemoryReadBandwidth)->DenseRange(0, kProbePatternCount - 1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // FMA peak: independent FMA chains in registers, all threads.
 void BM_FmaPeak(benchmark::State& state) {

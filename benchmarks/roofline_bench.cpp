@@ -66,17 +66,22 @@ std::string model_for(DType weights) {
 }
 
 // The read rate over whole passes of the probe buffer lasting at least kProbeSeconds, passes
-// alternating between one and four streams a thread: the faster pattern's mean.
+// cycling through the probe's read patterns (kProbePatterns): the fastest pattern's mean.
 double probe_window(const float* buf) {
-  double seconds[2] = {0, 0};
-  int passes[2] = {0, 0};
-  for (int i = 0; seconds[0] + seconds[1] < kProbeSeconds || passes[1] == 0; i ^= 1) {
+  double seconds[kProbePatternCount] = {};
+  int passes[kProbePatternCount] = {};
+  double total = 0;
+  for (int i = 0; total < kProbeSeconds || passes[kProbePatternCount - 1] == 0; i = (i + 1) % kProbePatternCount) {
     const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(read_bandwidth_pass(buf, kProbeBytes / 4, kProbeStreams[i]));
-    seconds[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(read_bandwidth_pass(buf, kProbeBytes / 4, i));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds[i] += s;
+    total += s;
     ++passes[i];
   }
-  return double(kProbeBytes) * std::max(passes[0] / seconds[0], passes[1] / seconds[1]) / 1e9;
+  double best = 0;
+  for (int i = 0; i < kProbePatternCount; ++i) best = std::max(best, passes[i] / seconds[i]);
+  return double(kProbeBytes) * best / 1e9;
 }
 
 double median(std::vector<double> v) {

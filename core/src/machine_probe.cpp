@@ -26,19 +26,19 @@ bool has_avx2_fma() {
   return yes;
 }
 
-// Each thread sums its part as S slices read side by side. The probe takes the faster of one and
-// four streams a thread: which reads faster depends on the host (on this project's VMs four were
-// 2-5% ahead in earlier sessions; on a later one a single stream was 1-12% ahead, and up to 55% in
-// its fast minutes), and the limit the kernels are compared with is the best the machine reads.
+// Each thread sums its part as S slices read side by side, each with a software prefetch
+// `prefetch_floats` ahead (0: none).
 template <size_t S>
-__attribute__((target("avx2"))) double sum_avx2(const float* p, size_t n) {
+__attribute__((target("avx2"))) double sum_avx2(const float* p, size_t n, size_t prefetch_floats) {
   const size_t slice = n / S / 16 * 16;
   __m256 a[S][2];
   for (auto& acc : a) acc[0] = acc[1] = _mm256_setzero_ps();
   for (size_t i = 0; i < slice; i += 16) {
     for (size_t s = 0; s < S; ++s) {
-      a[s][0] = _mm256_add_ps(a[s][0], _mm256_load_ps(p + s * slice + i));
-      a[s][1] = _mm256_add_ps(a[s][1], _mm256_load_ps(p + s * slice + i + 8));
+      const float* line = p + s * slice + i;
+      if (prefetch_floats != 0) _mm_prefetch(reinterpret_cast<const char*>(line + prefetch_floats), _MM_HINT_T0);
+      a[s][0] = _mm256_add_ps(a[s][0], _mm256_load_ps(line));
+      a[s][1] = _mm256_add_ps(a[s][1], _mm256_load_ps(line + 8));
     }
   }
   __m256 t = _mm256_setzero_ps();
@@ -86,15 +86,23 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-double read_bandwidth_pass(const float* data, size_t n, int streams) {
-  if (streams != 1 && streams != 4) throw Error("read_bandwidth_pass: streams must be 1 or 4, not " + std::to_string(streams));
+double read_bandwidth_pass(const float* data, size_t n, int pattern) {
+  if (pattern < 0 || pattern >= kProbePatternCount) {
+    throw Error("read_bandwidth_pass: pattern must be 0 to " + std::to_string(kProbePatternCount - 1) + ", not " +
+                std::to_string(pattern));
+  }
+  const ProbePattern p = kProbePatterns[pattern];
+  const size_t ahead = size_t(p.prefetch_bytes) / 4;
   double sink = 0;
   const bool avx2 = has_avx2_fma();
 #pragma omp parallel reduction(+ : sink)
   {
     const size_t per = n / size_t(omp_get_num_threads()) / 64 * 64;  // whole 16-float steps in each slice
-    const float* p = data + per * size_t(omp_get_thread_num());
-    sink += !avx2 ? sum_scalar(p, per) : streams == 1 ? sum_avx2<1>(p, per) : sum_avx2<4>(p, per);
+    const float* part = data + per * size_t(omp_get_thread_num());
+    sink += !avx2 ? sum_scalar(part, per)
+            : p.streams == 1 ? sum_avx2<1>(part, per, ahead)
+            : p.streams == 2 ? sum_avx2<2>(part, per, ahead)
+                             : sum_avx2<4>(part, per, ahead);
   }
   return sink;
 }
@@ -131,13 +139,15 @@ ProbeResult measure_read_bandwidth(double seconds, size_t bytes) {
   int passes = 0;
   do {
     const auto p0 = std::chrono::steady_clock::now();
-    read_bandwidth_pass(buf.get(), n, kProbeStreams[passes % 2]);
+    read_bandwidth_pass(buf.get(), n, passes % kProbePatternCount);
     const double s = seconds_since(p0);
     r.value = std::max(r.value, double(bytes) / s / 1e9);
     ++passes;
-  } while (passes < 4 || seconds_since(t0) < seconds);
+  } while (passes < 2 * kProbePatternCount || seconds_since(t0) < seconds);
   r.seconds = seconds_since(t0);
-  r.method = std::string(has_avx2_fma() ? "avx2 loads, 1 and 4 streams a thread," : "scalar loads") + " over " +
+  r.method = std::string(has_avx2_fma() ? "avx2 loads, 1 and 4 streams a thread, 2 and 4 with 2 KiB prefetched ahead,"
+                                        : "scalar loads") +
+             " over " +
              std::to_string(bytes >> 20) + " MiB, best of " + std::to_string(passes);
   return r;
 }
