@@ -66,10 +66,10 @@ bool has_avx2();
 //  amd:   each kernel's own choice, measured on AMD EPYC (Zen 3/4): int8 and int4 one stream a
 //         thread with no software prefetch (2 KiB ahead made the int8 decode ~5% slower; four
 //         streams 5-7%), Q8_0/Q4_0 one stream 2 KiB ahead, f32 four streams with none.
-//  intel: a software prefetch 8 KiB ahead of the reads over a thread's streams, and int8 (VNNI) in
-//         four streams: the hardware prefetcher stops at each 4 KiB page and one core alone kept too
-//         few lines in flight (Xeon with AVX-512, BM_DecodeRoofline and alternating `tessera run`:
-//         int4 +4%, Q8_0 +16%, f32 +18%, int8 +28% from the four streams, 0-35% from the prefetch).
+//  intel: a software prefetch 8 KiB ahead of the reads over a thread's streams, and int8 and int4
+//         (VNNI) in four streams: the hardware prefetcher stops at each 4 KiB page and one core alone
+//         kept too few lines in flight (Xeon with AVX-512, alternating `tessera run` pairs: int4
+//         +16%, Q8_0 +16%, f32 +5% (+18% in faster minutes), int8 +29%).
 // From the CPU vendor (intel for Intel, amd otherwise); TESSERA_CPU_TUNING=amd|intel picks one on
 // any CPU, to compare them on one machine. Another value is refused by name.
 enum class StreamTuning { amd, intel };
@@ -77,6 +77,7 @@ StreamTuning stream_tuning();
 const char* stream_tuning_name(StreamTuning t);
 inline constexpr int64_t kIntelPrefetchBytes = 8192;
 inline constexpr int kIntelI8DecodeStreams = 4;
+inline constexpr int kIntelI4DecodeStreams = 4;
 // The software prefetch distance of a decode stream: bytes ahead over all of a thread's streams
 // (a kernel reading S side by side prefetches this / S ahead in each); `on_amd` is the kernel's own.
 inline int64_t decode_prefetch_bytes(int64_t on_amd) {
