@@ -28,7 +28,7 @@ inline constexpr int64_t kQBlock = 32;                 // elements per weight an
 inline constexpr int32_t kBlockTilesPacked = 1 << 8;   // kernel_variant flag: tiles interleaved
 inline constexpr int32_t kBlockBandsPacked = 1 << 9;   // kernel_variant flag: 8-row bands first
 inline constexpr int64_t kRowsPerBand = 8;
-inline constexpr int64_t kBlockPrefetchBytes = 2048;   // prefetch distance in a packed stream (off Intel, in decode)
+inline constexpr int64_t kBlockPrefetchBytes = 2048;   // decode prefetch distance, amd tuning (stream_tuning)
 
 // x quantized per block of 32: q [m][k] int8, d [m][k/32] block scales.
 struct BlockActivations {
@@ -216,8 +216,7 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
 // row 2p+1's chunk c, so each chunk of a pair is one 32-byte load, as tile() holds it in a register.
 inline constexpr int64_t kBandScaleBytes = 2 * kRowsPerBand;
 
-// A packed stream's prefetch, `bytes` (one band block) `ahead` bytes on: decode_prefetch_bytes,
-// kBlockPrefetchBytes off Intel.
+// A packed stream's prefetch, `bytes` (one band block) `ahead` bytes on (decode_prefetch_bytes).
 inline void prefetch_band_block(const uint8_t* blk, int64_t bytes, int64_t ahead) {
   if (ahead == 0) return;
   const char* next = reinterpret_cast<const char*>(blk) + ahead;

@@ -63,8 +63,9 @@ __attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, 
 // Decode: one x row against P panels at once, `spacing` panels apart (P sequential streams for the
 // hardware prefetcher; 2P FMA chains hide the FMA latency that one panel's two chains would wait
 // on). On AMD EPYC four streams with no software prefetch read at the bandwidth probe's rate where
-// two with a prefetch ahead fell short in the fast minutes (see gemm_i8_panels_cpu.cpp); on Intel
-// each stream prefetches a quarter of decode_prefetch_bytes ahead (`ahead`: f32 110m decode +18%). run_panels
+// two with a prefetch ahead fell short in the fast minutes (see gemm_i8_panels_cpu.cpp); with the
+// intel tuning each stream prefetches a quarter of decode_prefetch_bytes ahead (`ahead`: f32 110m
+// decode +5%, +18% in faster minutes, on a Xeon VM). run_panels
 // spaces them a quarter of a claim apart, so that each runs on through its quarter: the int4
 // pipeline's f32 output head (70% of its bytes a token) read ~3% closer to the probe in the fast
 // minutes (BM_DecodeRoofline/2, 4 alternating pairs), f32 alone the same (within noise, at 95-99%).

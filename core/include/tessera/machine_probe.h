@@ -13,7 +13,7 @@ struct ProbeResult {
   double value = 0;     // GB/s (bandwidth) or GFLOP/s (FMA)
   double seconds = 0;   // time spent measuring
   int threads = 0;      // OpenMP threads used
-  std::string method;   // e.g. "avx2 loads, 1 and 4 streams a thread, over 256 MiB, best of 4"
+  std::string method;   // e.g. "avx2 loads, 1 and 4 streams a thread, 2 and 4 with 2 KiB prefetched ahead, over 256 MiB, best of 8"
 };
 
 // Sums a buffer of `bytes` (far larger than the caches) with all threads, repeatedly for about
