@@ -10,7 +10,7 @@
 namespace tessera {
 namespace {
 
-TEST(MachineProbe, BandwidthTakesTheFasterOfOneAndFourStreams) {
+TEST(MachineProbe, BandwidthTakesTheFastestOfThePatterns) {
   const ProbeResult r = measure_read_bandwidth(0.0, size_t(8) << 20);
   EXPECT_GT(r.value, 0.0);
   EXPECT_GE(r.threads, 1);
