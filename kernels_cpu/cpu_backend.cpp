@@ -56,7 +56,10 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   std::vector<DeviceInfo> devices() const override {
-    const char* isa = has_avx512_vnni() ? "avx2, avx512 vnni" : has_avx2() ? "avx2" : "no avx2";
+    const char* isa = amx_int8_usable()   ? "avx2, avx512 vnni, amx int8"
+                      : has_avx512_vnni() ? "avx2, avx512 vnni"
+                      : has_avx2()        ? "avx2"
+                                          : "no avx2";
     return {DeviceInfo{0, cpu_model_name() + " (" + isa + ", " + stream_tuning_name(stream_tuning()) + " tuning)",
                        total_memory()}};
   }

@@ -16,14 +16,17 @@ bool has_avx2() {
   return value;
 }
 
-// TESSERA_CPU_ISA=avx2 keeps the kernels off AVX-512 VNNI where the CPU has it: to compare the two
-// on one machine, or to see what a CPU without it gets.
+// TESSERA_CPU_ISA=avx2 keeps the kernels off AVX-512 VNNI (and AMX) where the CPU has it, =vnni off
+// AMX only: to compare them on one machine, or to see what a CPU without them gets.
 bool has_avx512_vnni() {
   static const bool value = [] {
     if (const char* cap = std::getenv("TESSERA_CPU_ISA"); cap != nullptr) {
       if (std::string(cap) == "avx2") return false;
-      throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
-                  "': the CPU kernels take avx2 (no AVX-512 VNNI), or leave it unset for what the CPU has");
+      if (std::string(cap) != "vnni") {
+        throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
+                    "': the CPU kernels take avx2 (no AVX-512 VNNI, no AMX) or vnni (no AMX), or leave it unset "
+                    "for what the CPU has");
+      }
     }
     __builtin_cpu_init();
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&

@@ -258,6 +258,8 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
                 " (0 = auto, 1 = oneDNN, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }
   const bool vnni = vnni_for(variant, "i8");
+  // Prefill on AMX where the CPU has it (kernel auto only: avx2 and vnni name their instructions).
+  const bool amx = (variant & ~kKernelFlags) == kKernelAuto && m > 1 && w.cols % 64 == 0 && amx_int8_usable();
   const bool avx2 = variant != kKernelReference && has_avx2();
   const int64_t k = w.cols;
   const int64_t n = w.rows;
@@ -295,7 +297,8 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   // panels: scripts/omp_regions.sh around BM_DecodeRoofline/1).
   const int64_t row_tiles = (n - panel_rows + kRowsPerTile - 1) / kRowsPerTile;
   auto run_units = [&](const Scratch& s, UnitRange r) {
-    if (r.begin < panels) {
+    if (r.begin < panels && amx) gemm_i8_amx(s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
+    if (r.begin < panels && !amx) {
       gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y, vnni);
     }
     if (r.end > panels) {
@@ -306,12 +309,13 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
     quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, s.xq.data(), s.sx.data(), avx2);
-    if (panel_rows > 0) pack_x_quads(s.xq.data(), m, k, b0, b1, s.xp.data());
+    if (panel_rows > 0 && !amx) pack_x_quads(s.xq.data(), m, k, b0, b1, s.xp.data());
   };
 
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize(mine, 0, blocks);
-    if (panel_rows > 0) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y, vnni);
+    if (panel_rows > 0 && amx) gemm_i8_amx(mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
+    if (panel_rows > 0 && !amx) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y, vnni);
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }

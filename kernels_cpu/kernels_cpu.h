@@ -89,7 +89,7 @@ bool has_avx512_vnni();
 
 // WeightView::kernel_variant values the int8 and int4 gemms share (the bits above 0xff are their
 // layout flags).
-inline constexpr int32_t kKernelAuto = 0;       // the fastest this CPU has: vnni, else avx2, else scalar
+inline constexpr int32_t kKernelAuto = 0;       // the fastest this CPU has: vnni, else avx2, else scalar (int8 prefill: AMX)
 inline constexpr int32_t kKernelReference = 2;  // scalar, row-major weights
 inline constexpr int32_t kKernelAvx2 = 3;       // vpmaddubsw even where the CPU has VNNI; scalar without AVX2
 inline constexpr int32_t kKernelVnni = 4;       // vpdpbusd; refused where the CPU lacks AVX-512 VNNI
@@ -123,6 +123,11 @@ void prepare_weight_i8_panels(WeightView& w);
 int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 when not packed
 int64_t x_quad_blocks(int64_t m);
 void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
+// Prefill (m > 1, k a multiple of 64) of panels [q0, q1) on Intel AMX (gemm_i8_amx_cpu.cpp): the
+// same bits as gemm_i8_panels, from the quantized rows xq. amx_int8_usable: the CPU has AMX-INT8,
+// Linux lets the process use the tiles, and TESSERA_CPU_ISA does not cap the kernels.
+bool amx_int8_usable();
+void gemm_i8_amx(const int8_t* xq, const float* sx, int64_t m, const WeightView& w, int64_t q0, int64_t q1, float* y);
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
                     int64_t q0, int64_t q1, float* y, bool vnni);
 void prepare_weight_f32(WeightView& w);

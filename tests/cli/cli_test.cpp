@@ -60,7 +60,7 @@ TEST(Cli, ModelFlagOverridesThePipeline) {
 }
 
 TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
-  // TESSERA_CPU_ISA=avx2 runs the int kernels as on a CPU without AVX-512 VNNI: the same tokens
+  // TESSERA_CPU_ISA=avx2 runs the int kernels as on a CPU without AVX-512 VNNI (or AMX): the same tokens
   // (both kernels compute the same exact dots), and kernel vnni refused at load, naming the tensor.
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_isa_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -73,6 +73,14 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   ::setenv("TESSERA_CPU_ISA", "avx2", 1);
   const Output capped = tessera_cmd(run);
   const Output refused = tessera_cmd("run -n 2 -p '" + vnni + "' -m '" + test::kStoriesF32 + "' hi");
+  // =vnni keeps AVX-512 VNNI but not AMX: the int8 prefill (a prompt of more than 16 tokens) on
+  // VNNI tiles gives the tokens auto's AMX tiles give.
+  const std::string prefill = "run --format json -n 8 -p pipelines/int8.yaml -m '" + test::kStoriesF32 +
+                              "' 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park.'";
+  ::setenv("TESSERA_CPU_ISA", "vnni", 1);
+  const Output no_amx = tessera_cmd(prefill);
+  ::unsetenv("TESSERA_CPU_ISA");
+  const Output any = tessera_cmd(prefill);
   ::setenv("TESSERA_CPU_ISA", "avx512", 1);
   const Output unknown = tessera_cmd(run);
   ::unsetenv("TESSERA_CPU_ISA");
@@ -82,6 +90,9 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
     return nlohmann::json::parse(o.text.substr(o.text.find('{')))["completion_token_ids"];
   };
   EXPECT_EQ(ids(capped), ids(plain));
+  ASSERT_EQ(no_amx.status, 0) << no_amx.text;
+  ASSERT_EQ(any.status, 0) << any.text;
+  EXPECT_EQ(ids(no_amx), ids(any));
   EXPECT_EQ(refused.status, 1);
   EXPECT_NE(refused.text.find("needs AVX-512 VNNI"), std::string::npos) << refused.text;
   EXPECT_NE(refused.text.find("blk.0.attn_q.weight"), std::string::npos) << refused.text;

@@ -185,9 +185,10 @@ TEST(QuantInt8, ThreadedKernelMatchesTheReference) {
 TEST(QuantInt8, PackedPanelsGiveTheReferenceBitsForEveryKAndBatch) {
   // One to four 16-row panels (decode streams up to four side by side) and 5 row-major rows after
   // them; k a multiple of four (decode's quad kernels, unrolled steps and a leftover quad) and not
-  // (the general tile, one to three columns after the last quad). Every row of W and x holds its
-  // absmax, which quantizes to +-127.
-  for (int64_t k : {4, 8, 200, 201, 202, 203}) {
+  // (the general tile, one to three columns after the last quad); k a multiple of 64 with batches
+  // of one to three 16-row blocks, whole and partial (kernel auto's AMX prefill where the CPU has
+  // it). Every row of W and x holds its absmax, which quantizes to +-127.
+  for (int64_t k : {4, 8, 64, 192, 200, 201, 202, 203}) {
     for (int64_t n : {21, 37, 53, 69}) {
       const auto w = random_floats(size_t(n * k), uint32_t(100 + k + n));
       const WeightSource src{"blk.0.ffn_up.weight", DType::F32, w.data(), n, k};
@@ -195,7 +196,7 @@ TEST(QuantInt8, PackedPanelsGiveTheReferenceBitsForEveryKAndBatch) {
       for (const char* kernel : {"auto", "avx2", "vnni"}) {
         if (std::string(kernel) == "vnni" && !test::cpu_has_vnni()) continue;
         const auto fast = int8({{"kernel", kernel}})->make_linear(cpu_backend(), src);
-        for (int64_t m : {1, 2, 6, 7, 13}) {
+        for (int64_t m : {1, 2, 6, 7, 13, 16, 17, 32, 40}) {
           auto x = random_floats(size_t(m * k), uint32_t(200 + k + m), -4, 4);
           for (int64_t i = 0; i < m; ++i) x[size_t(i * k + (i % k))] = i % 2 == 0 ? -9.0f : 9.0f;
           ASSERT_EQ(linear_forward(*fast, x, m), linear_forward(*ref, x, m))

@@ -14,7 +14,8 @@ inline const std::vector<std::string>& cpu_int_kernels() {
   return names;
 }
 
-// auto: the fastest the CPU has (vnni, else avx2, else scalar); vnni: AVX-512 VNNI's vpdpbusd,
+// auto: the fastest the CPU has (vnni, else avx2, else scalar; the int8 gemm's prefill on AMX where
+// there is AMX-INT8); vnni: AVX-512 VNNI's vpdpbusd,
 // refused on CPUs without it; avx2: vpmaddubsw even where VNNI is there; reference: scalar.
 inline int32_t cpu_int_kernel_variant(const std::string& name) {
   if (name == "reference") return 2;
