@@ -121,13 +121,14 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Decode's real regime: GEMV (m = 1) over weights that do not fit in the caches. Enough n x k
-// matrices (args: scheme, n, k) to fill ~160 MB of this scheme's bytes, walked in turn as a model's
-// layers are, so each call streams its weights from memory; 2048x768 as a 110m layer's, 16384x2048
-// so large that per-call costs (fork, join, stream start) vanish. weight_GB/s over BM_MemoryReadBandwidth is
-// the kernel's share of the decode roofline (the faster of its two patterns).
+// matrices (args: scheme, n, k, m) to fill ~160 MB of this scheme's bytes, walked in turn as a
+// model's layers are, so each call streams its weights from memory; 2048x768 as a 110m layer's,
+// 16384x2048 so large that per-call costs (fork, join, stream start) vanish; m = 4 and 16 as a
+// batched decode step's. weight_GB/s over BM_MemoryReadBandwidth is the kernel's share of the
+// decode roofline (the fastest of its patterns).
 void BM_GemvStream(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
-  const int64_t n = state.range(1), k = state.range(2);
+  const int64_t n = state.range(1), k = state.range(2), m = state.range(3);
   if (!scheme_built(state, scheme)) return;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -139,12 +140,12 @@ void BM_GemvStream(benchmark::State& state) {
     linears.push_back(quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k}));
     total += linears.back()->resident_bytes();
   }
-  DeviceBuffer x(cpu(), size_t(k) * 4), y(cpu(), size_t(n) * 4);
-  std::vector<float> xs(static_cast<size_t>(k));
+  DeviceBuffer x(cpu(), size_t(m * k) * 4), y(cpu(), size_t(m * n) * 4);
+  std::vector<float> xs(static_cast<size_t>(m * k));
   for (auto& v : xs) v = dist(rng) * 20;
   x.upload(xs.data(), xs.size() * 4);
   for (auto _ : state) {
-    for (auto& linear : linears) linear->forward(x.as<float>(), 1, y.as<float>());
+    for (auto& linear : linears) linear->forward(x.as<float>(), m, y.as<float>());
     benchmark::ClobberMemory();
   }
   const double iters = double(state.iterations());
@@ -154,8 +155,9 @@ void BM_GemvStream(benchmark::State& state) {
                  std::to_string(omp_get_max_threads()) + " threads)");
 }
 BENCHMARK(BM_GemvStream)
-    ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}})
-    ->ArgsProduct({{0, 2, 3}, {16384}, {2048}})
+    ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}, {1}})
+    ->ArgsProduct({{0, 2, 3}, {16384}, {2048}, {1}})
+    ->ArgsProduct({{2, 4}, {2048}, {768}, {4, 16}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
