@@ -157,7 +157,7 @@ void BM_GemvStream(benchmark::State& state) {
 BENCHMARK(BM_GemvStream)
     ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}, {1}})
     ->ArgsProduct({{0, 2, 3}, {16384}, {2048}, {1}})
-    ->ArgsProduct({{2, 4}, {2048}, {768}, {4, 16}})
+    ->ArgsProduct({{2, 3, 4}, {2048}, {768}, {4, 16}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
