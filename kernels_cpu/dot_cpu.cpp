@@ -51,6 +51,15 @@ StreamTuning stream_tuning() {
 
 const char* stream_tuning_name(StreamTuning t) { return t == StreamTuning::intel ? "intel" : "amd"; }
 
+bool has_avx512f() {
+  static const bool value = [] {
+    __builtin_cpu_init();
+    const char* cap = std::getenv("TESSERA_CPU_ISA");
+    return has_avx2() && __builtin_cpu_supports("avx512f") && (cap == nullptr || std::string(cap) != "avx2");
+  }();
+  return value;
+}
+
 bool vnni_for(int32_t variant, const char* gemm) {
   const int32_t v = variant & ~kKernelFlags;
   if (v == kKernelVnni && !has_avx512_vnni()) {

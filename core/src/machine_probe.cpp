@@ -69,6 +69,24 @@ __attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iters) {
   return _mm256_cvtss_f32(s);
 }
 
+// The same chains 16 lanes wide, where the CPU has AVX-512 (the f32 prefill tiles use it there).
+__attribute__((target("avx512f"))) float fma_chains_avx512(int64_t iters) {
+  __m512 a[10];
+  for (int i = 0; i < 10; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 10; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 10; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_cvtss_f32(s);
+}
+
+bool has_avx512f() {
+  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
 float fma_chains_scalar(int64_t iters) {
   float a[10];
   for (int i = 0; i < 10; ++i) a[i] = float(i);
@@ -108,19 +126,19 @@ double read_bandwidth_pass(const float* data, size_t n, int pattern) {
 }
 
 double fma_peak_pass(int64_t iters, int* threads_out) {
-  const bool avx2 = has_avx2_fma();
+  const bool avx2 = has_avx2_fma(), avx512 = has_avx512f();
   float sink = 0;
   int threads = 1;
 #pragma omp parallel reduction(+ : sink)
   {
-    sink += avx2 ? fma_chains_avx2(iters) : fma_chains_scalar(iters);
+    sink += avx512 ? fma_chains_avx512(iters) : avx2 ? fma_chains_avx2(iters) : fma_chains_scalar(iters);
 #pragma omp single
     threads = omp_get_num_threads();
   }
   if (threads_out != nullptr) *threads_out = threads;
   // Keeps the chains alive without a volatile in the loop.
   if (sink == 12345.678f) std::abort();
-  const double lanes = avx2 ? 8 : 1;
+  const double lanes = avx512 ? 16 : avx2 ? 8 : 1;
   return double(iters) * 10 * lanes * 2 * threads;
 }
 
@@ -166,7 +184,7 @@ ProbeResult measure_fma_peak(double seconds) {
     ++passes;
   } while (passes < 3 || seconds_since(t0) < seconds);
   r.seconds = seconds_since(t0);
-  r.method = std::string(has_avx2_fma() ? "avx2 fma, 8 lanes" : "scalar fma") + ", 10 chains per thread, best of " +
+  r.method = std::string(has_avx512f() ? "avx512 fma, 16 lanes" : has_avx2_fma() ? "avx2 fma, 8 lanes" : "scalar fma") + ", 10 chains per thread, best of " +
              std::to_string(passes);
   return r;
 }

@@ -21,8 +21,9 @@ struct ProbeResult {
 // read patterns of kProbePatterns (which reads fastest depends on the host), plain loads otherwise.
 ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(256) << 20);
 
-// Runs independent FMA chains in registers on all threads for about `seconds` (8-wide AVX2 FMA
-// when present, scalar fma otherwise) and reports the best pass in GFLOP/s (an FMA counts 2).
+// Runs independent FMA chains in registers on all threads for about `seconds` (16-wide AVX-512 FMA
+// when present, else 8-wide AVX2, else scalar fma) and reports the best pass in GFLOP/s (an FMA
+// counts 2): the widest the CPU has, which the f32 prefill tiles also use.
 ProbeResult measure_fma_peak(double seconds = 0.25);
 
 // One pass of each kernel, for callers (Google Benchmark) that do their own timing:
