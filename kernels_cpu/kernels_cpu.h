@@ -60,9 +60,8 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
 }
 
 bool has_avx2();
-// AVX-512F with AVX2 and FMA (the f32 prefill tiles' 512-bit FMAs: the 128-row prefill GEMM at
-// 2048x768 110 -> 169 GFLOP/s on one thread, 217 -> 311 on two, on a Xeon VM whose FMA peak is 240 a
-// thread); TESSERA_CPU_ISA=avx2 hides it.
+// AVX-512F with AVX2 and FMA (the f32 prefill tiles' 512-bit FMAs, gemm_f32_cpu.cpp);
+// TESSERA_CPU_ISA=avx2 hides it.
 bool has_avx512f();
 
 // How a decode GEMV (one row of x) reads its weights, tuned per host: the same kernels read
