@@ -340,7 +340,8 @@ __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const
           hi = _mm256_dpbusd_epi32(hi, _mm256_andnot_si256(mask, w), _mm256_set1_epi32(xq[2 * c + 1]));
         }
         const __m256i dot = _mm256_add_epi32(lo, _mm256_srai_epi32(hi, 4));
-        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_loadu_ps(bands[p].scales(gi)), dx), acc[p]);
+        const __m256 sd = _mm256_mul_ps(_mm256_loadu_ps(bands[p].scales(gi)), dx);
+        acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc[p]);
       }
     }
   }
@@ -408,7 +409,9 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
   if (m == 1) {
-    if (vnni) return bands_row_vnni<1>(xq.q.data(), xq.d.data(), xq.gsum.data(), &band, k, g, rows, &y, decode_prefetch_bytes(0));
+    if (vnni) {
+      return bands_row_vnni<1>(xq.q.data(), xq.d.data(), xq.gsum.data(), &band, k, g, rows, &y, decode_prefetch_bytes(0));
+    }
     return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y,
                            decode_prefetch_bytes(kPrefetchBytes));
   }

@@ -86,7 +86,8 @@ struct Q4 {
   // One x row against a band (gemm_blocks_cpu.h): y[0..8). A block's eight scales convert at once
   // and each row pair is one 32-byte load.
   __attribute__((target("avx2,fma,f16c"))) static void band_row(const uint8_t* band, const int8_t* xq,
-                                                                const float* xd, int64_t blocks, float* y, int64_t ahead) {
+                                                                const float* xd, int64_t blocks, float* y,
+                                                                int64_t ahead) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i eights = _mm256_set1_epi8(8);
     const __m256i low_mask = _mm256_set1_epi8(0x0f);
@@ -112,7 +113,8 @@ struct Q4 {
   // band_row with vpdpbusd: each int32 lane starts from minus its 8·x (two vpdpbusd a block,
   // shared by the four row pairs) and takes the two nibble dots on top; the same exact sums.
   __attribute__((target(VNNI_TARGET ",f16c"))) static void band_row_vnni(const uint8_t* band, const int8_t* xq,
-                                                                        const float* xd, int64_t blocks, float* y, int64_t ahead) {
+                                                                        const float* xd, int64_t blocks, float* y,
+                                                                        int64_t ahead) {
     const __m256i eights = _mm256_set1_epi8(8);
     const __m256i low_mask = _mm256_set1_epi8(0x0f);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};

@@ -87,7 +87,8 @@ struct Q8 {
   // One x row against a band (gemm_blocks_cpu.h): y[0..8). A block's eight scales convert at once
   // and each half of a row pair is one 32-byte load, with no lane permutes.
   __attribute__((target("avx2,fma,f16c"))) static void band_row(const uint8_t* band, const int8_t* xq,
-                                                                const float* xd, int64_t blocks, float* y, int64_t ahead) {
+                                                                const float* xd, int64_t blocks, float* y,
+                                                                int64_t ahead) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < blocks; ++b) {
@@ -107,7 +108,8 @@ struct Q8 {
   // band_row with vpdpbusd doing vpmaddubsw, vpmaddwd and the add (|w| <= 128 against x carrying
   // w's sign, exact in int32 either way).
   __attribute__((target(VNNI_TARGET ",f16c"))) static void band_row_vnni(const uint8_t* band, const int8_t* xq,
-                                                                        const float* xd, int64_t blocks, float* y, int64_t ahead) {
+                                                                        const float* xd, int64_t blocks, float* y,
+                                                                        int64_t ahead) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < blocks; ++b) {
       const BandStep st = band_step<kRowsPerBand * kBlockBytes>(band, xq, xd, b, ahead);

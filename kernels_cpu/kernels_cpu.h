@@ -92,7 +92,7 @@ bool has_avx512_vnni();
 
 // WeightView::kernel_variant values the int8 and int4 gemms share (the bits above 0xff are their
 // layout flags).
-inline constexpr int32_t kKernelAuto = 0;       // the fastest this CPU has: vnni, else avx2, else scalar (int8 prefill: AMX)
+inline constexpr int32_t kKernelAuto = 0;       // the fastest this CPU has: vnni, else avx2, else scalar; int8 prefill AMX
 inline constexpr int32_t kKernelReference = 2;  // scalar, row-major weights
 inline constexpr int32_t kKernelAvx2 = 3;       // vpmaddubsw even where the CPU has VNNI; scalar without AVX2
 inline constexpr int32_t kKernelVnni = 4;       // vpdpbusd; refused where the CPU lacks AVX-512 VNNI

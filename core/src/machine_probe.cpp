@@ -184,7 +184,9 @@ ProbeResult measure_fma_peak(double seconds) {
     ++passes;
   } while (passes < 3 || seconds_since(t0) < seconds);
   r.seconds = seconds_since(t0);
-  r.method = std::string(has_avx512f() ? "avx512 fma, 16 lanes" : has_avx2_fma() ? "avx2 fma, 8 lanes" : "scalar fma") + ", 10 chains per thread, best of " +
+  r.method = std::string(has_avx512f()    ? "avx512 fma, 16 lanes"
+                         : has_avx2_fma() ? "avx2 fma, 8 lanes"
+                                          : "scalar fma") + ", 10 chains per thread, best of " +
              std::to_string(passes);
   return r;
 }
