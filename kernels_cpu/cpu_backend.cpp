@@ -51,7 +51,9 @@ class CpuBackend final : public Backend {
                   std::to_string(kMaxThreads) + ")");
     }
     if (threads > 0) set_threads(static_cast<int>(threads));
-    stream_tuning();  // a bad TESSERA_CPU_TUNING is refused here, not inside a kernel's team
+    // A bad TESSERA_CPU_ISA or TESSERA_CPU_TUNING is refused here, not inside a kernel's team.
+    isa_cap();
+    stream_tuning();
   }
 
   std::string_view name() const override { return "cpu"; }

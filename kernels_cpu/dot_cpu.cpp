@@ -16,18 +16,22 @@ bool has_avx2() {
   return value;
 }
 
-// TESSERA_CPU_ISA=avx2 keeps the kernels off AVX-512 VNNI (and AMX) where the CPU has it, =vnni off
-// AMX only: to compare them on one machine, or to see what a CPU without them gets.
+IsaCap isa_cap() {
+  static const IsaCap value = [] {
+    const char* cap = std::getenv("TESSERA_CPU_ISA");
+    if (cap == nullptr) return IsaCap::none;
+    if (std::string(cap) == "avx2") return IsaCap::avx2;
+    if (std::string(cap) == "vnni") return IsaCap::vnni;
+    throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
+                "': the CPU kernels take avx2 (no AVX-512, no AMX) or vnni (no AMX), or leave it unset for what "
+                "the CPU has");
+  }();
+  return value;
+}
+
 bool has_avx512_vnni() {
   static const bool value = [] {
-    if (const char* cap = std::getenv("TESSERA_CPU_ISA"); cap != nullptr) {
-      if (std::string(cap) == "avx2") return false;
-      if (std::string(cap) != "vnni") {
-        throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
-                    "': the CPU kernels take avx2 (no AVX-512 VNNI, no AMX) or vnni (no AMX), or leave it unset "
-                    "for what the CPU has");
-      }
-    }
+    if (isa_cap() == IsaCap::avx2) return false;
     __builtin_cpu_init();
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
@@ -54,8 +58,7 @@ const char* stream_tuning_name(StreamTuning t) { return t == StreamTuning::intel
 bool has_avx512f() {
   static const bool value = [] {
     __builtin_cpu_init();
-    const char* cap = std::getenv("TESSERA_CPU_ISA");
-    return has_avx2() && __builtin_cpu_supports("avx512f") && (cap == nullptr || std::string(cap) != "avx2");
+    return isa_cap() != IsaCap::avx2 && has_avx2() && __builtin_cpu_supports("avx512f");
   }();
   return value;
 }

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -57,7 +56,7 @@ void store_block(const int32_t* acc, const float* sx, const float* scales, int64
 
 bool amx_int8_usable() {
   static const bool value = [] {
-    if (!has_avx512_vnni() || std::getenv("TESSERA_CPU_ISA") != nullptr) return false;  // any cap hides AMX
+    if (isa_cap() != IsaCap::none || !has_avx512_vnni()) return false;
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
     // Linux hands out the tile registers' state only on request (ARCH_REQ_XCOMP_PERM for
