@@ -100,6 +100,10 @@ class CpuBackend final : public Backend {
     cpu::embedding(table, ids, n, out);
   }
   void gemm(const float* x, int64_t m, const WeightView& w, float* y) override { cpu::gemm(x, m, w, y); }
+  bool gemm_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts,
+                  size_t n_parts) override {
+    return cpu::gemm_f32_parts(x, m, w, parts, n_parts);
+  }
   void prepare_weight(WeightView& w) override {
     cpu::prepare_weight(w);
     // Matrices past half an arena slab (an output head: 24.6 MB in int8, 98 MB in f32 for 110m)

@@ -160,70 +160,138 @@ void pack_block(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, in
 
 int64_t row_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
+// Where y's columns go: one dense y[m][n], or runs of whole panels dealt out to parts, each a
+// dense matrix of its own (gemm_f32_parts).
+class PanelOut {
+ public:
+  PanelOut(float* y, int64_t n) : y_(y), ld_(n) {}
+  PanelOut(const OutputPart* parts, size_t n_parts) : parts_(parts), n_parts_(n_parts) {}
+
+  // Row 0 of the columns of panels [q, q + count), which lie in one part with rows `ld` apart;
+  // null where they span two parts.
+  float* columns(int64_t q, int64_t count, int64_t& ld) const {
+    if (parts_ == nullptr) {
+      ld = ld_;
+      return y_ + q * kPanel;
+    }
+    int64_t start = 0;
+    for (size_t i = 0; i < n_parts_; ++i) {
+      const OutputPart& part = parts_[i];
+      if (q * kPanel < start + part.cols) {
+        ld = part.cols;
+        return (q + count) * kPanel <= start + part.cols ? part.data + (q * kPanel - start) : nullptr;
+      }
+      start += part.cols;
+    }
+    return nullptr;
+  }
+
+ private:
+  const OutputPart* parts_ = nullptr;
+  size_t n_parts_ = 0;
+  float* y_ = nullptr;
+  int64_t ld_ = 0;
+};
+
 // Panel q against all m rows of packed x, for the pass [p0, p0 + kc).
-void panel_pass(const float* xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0, int64_t kc) {
-  const int64_t k = w.cols;
-  const int64_t n = w.rows;
-  const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
+void panel_pass(const float* xp, int64_t m, const WeightView& w, const PanelOut& out, int64_t q, int64_t p0,
+                int64_t kc) {
+  const float* wp = static_cast<const float*>(w.data) + q * kPanel * w.cols + p0 * kPanel;
+  int64_t ld = 0;
+  float* y = out.columns(q, 1, ld);
   for (int64_t i0 = 0; i0 < m; i0 += kMr) {
     const int64_t mr = std::min(kMr, m - i0);
-    kTiles[mr](xp + i0 * kc, wp, kc, y + i0 * n + q * kPanel, n, p0 == 0);
+    kTiles[mr](xp + i0 * kc, wp, kc, y + i0 * ld, ld, p0 == 0);
   }
 }
 
-// Panels [q, q + kWidePanels) against all m rows of packed x (tile_panels_avx512), for the pass
-// [p0, p0 + kc).
-void wide_panels_pass(const float* xp, int64_t m, const WeightView& w, float* y, int64_t q, int64_t p0, int64_t kc) {
+// Panels [q0, q1) against all m rows of packed x, for the pass [p0, p0 + kc): kWidePanels at a time
+// (tile_panels_avx512) where the CPU has AVX-512 and they go to one part, else one by one.
+void panels_pass(const float* xp, int64_t m, const WeightView& w, const PanelOut& out, int64_t q0, int64_t q1,
+                 int64_t p0, int64_t kc) {
   const int64_t k = w.cols;
-  const int64_t n = w.rows;
-  const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
-  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-    const int64_t mr = std::min(kMr, m - i0);
-    kWideTiles[mr](xp + i0 * kc, wp, kPanel * k, kc, y + i0 * n + q * kPanel, n, p0 == 0);
-  }
-}
-
-// Panels [q0, q1) against all m rows of packed x, kWidePanels at a time where the CPU has AVX-512.
-void panels_pass(const float* xp, int64_t m, const WeightView& w, float* y, int64_t q0, int64_t q1, int64_t p0,
-                 int64_t kc) {
   int64_t q = q0;
-  if (has_avx512f()) {
-    for (; q + kWidePanels <= q1; q += kWidePanels) wide_panels_pass(xp, m, w, y, q, p0, kc);
+  for (int64_t ld = 0; has_avx512f() && q + kWidePanels <= q1; q += kWidePanels) {
+    float* y = out.columns(q, kWidePanels, ld);
+    if (y == nullptr) {
+      for (int64_t j = q; j < q + kWidePanels; ++j) panel_pass(xp, m, w, out, j, p0, kc);
+      continue;
+    }
+    const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
+    for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+      const int64_t mr = std::min(kMr, m - i0);
+      kWideTiles[mr](xp + i0 * kc, wp, kPanel * k, kc, y + i0 * ld, ld, p0 == 0);
+    }
   }
-  for (; q < q1; ++q) panel_pass(xp, m, w, y, q, p0, kc);
+  for (; q < q1; ++q) panel_pass(xp, m, w, out, q, p0, kc);
 }
 
-// Panels [q0, q1) against all m rows of x.
-void run_panels(const float* x, int64_t m, const WeightView& w, float* y, int64_t q0, int64_t q1,
-                std::vector<float>& xp) {
+// Decode: panels [q0, q1) against the one row x (as it is, the packed layout), in one pass.
+void decode_panels(const float* x, const WeightView& w, float* y, int64_t q0, int64_t q1) {
   const int64_t k = w.cols;
   const auto* panels = static_cast<const float*>(w.data);
-  const int64_t kc_max = pass_length(m, k);
-  if (m == 1) {  // one pass; x as it is is the packed layout
-    if ((q1 - q0) % kDecodePanels == 0 && q1 - q0 > kDecodePanels) {  // streams through the quarters
-      const int64_t spacing = (q1 - q0) / kDecodePanels;
-      for (int64_t q = q0; q < q0 + spacing; ++q) {
-        row_panels<4>(x, panels + q * kPanel * k, k, spacing, y + q * kPanel, decode_prefetch_bytes(0) / 4);
-      }
-      return;
-    }
-    using RowFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t);
-    constexpr RowFn kRows[kDecodePanels + 1] = {nullptr, nullptr, row_panels<2>, row_panels<3>, row_panels<4>};
-    for (int64_t q = q0; q < q1; q += kDecodePanels) {
-      const int64_t p = std::min(kDecodePanels, q1 - q);
-      if (p == 1) {
-        panel_pass(x, 1, w, y, q, 0, k);  // one stream keeps tile<1>'s prefetch
-      } else {
-        kRows[p](x, panels + q * kPanel * k, k, 1, y + q * kPanel, decode_prefetch_bytes(0) / p);
-      }
+  if ((q1 - q0) % kDecodePanels == 0 && q1 - q0 > kDecodePanels) {  // streams through the quarters
+    const int64_t spacing = (q1 - q0) / kDecodePanels;
+    for (int64_t q = q0; q < q0 + spacing; ++q) {
+      row_panels<4>(x, panels + q * kPanel * k, k, spacing, y + q * kPanel, decode_prefetch_bytes(0) / 4);
     }
     return;
   }
-  for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
-    const int64_t kc = std::min(kc_max, k - p0);
-    xp.resize(size_t(row_blocks(m) * kMr * kc));
-    for (int64_t b = 0; b < row_blocks(m); ++b) pack_block(x, m, k, p0, kc, b, xp.data());
-    panels_pass(xp.data(), m, w, y, q0, q1, p0, kc);
+  using RowFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t);
+  constexpr RowFn kRows[kDecodePanels + 1] = {nullptr, nullptr, row_panels<2>, row_panels<3>, row_panels<4>};
+  for (int64_t q = q0; q < q1; q += kDecodePanels) {
+    const int64_t p = std::min(kDecodePanels, q1 - q);
+    if (p == 1) {
+      panel_pass(x, 1, w, PanelOut(y, w.rows), q, 0, k);  // one stream keeps tile<1>'s prefetch
+    } else {
+      kRows[p](x, panels + q * kPanel * k, k, 1, y + q * kPanel, decode_prefetch_bytes(0) / p);
+    }
+  }
+}
+
+bool small(int64_t m, const WeightView& w) {
+  const int64_t work = m * (w.rows / kPanel) * kPanel * w.cols;
+  const int64_t bytes = (w.rows / kPanel) * kPanel * w.cols * int64_t(sizeof(float));
+  return (work < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1;
+}
+
+// A batch (m > 1) through all the panels into `out`.
+void gemm_batch(const float* x, int64_t m, const WeightView& w, const PanelOut& out) {
+  const int64_t k = w.cols;
+  const int64_t panels = w.rows / kPanel;
+  const int64_t kc_max = pass_length(m, k);
+  const int64_t passes = (k + kc_max - 1) / kc_max;
+  const int64_t pass_floats = row_blocks(m) * kMr * kc_max;
+  thread_local std::vector<float> xp_buf;  // the calling thread's, shared by a team
+  xp_buf.resize(size_t(passes * pass_floats));
+  float* xp = xp_buf.data();
+  auto pack = [&](int64_t b) {  // row block b % row_blocks(m) of pass b / row_blocks(m)
+    const int64_t pass = b / row_blocks(m);
+    pack_block(x, m, k, pass * kc_max, std::min(kc_max, k - pass * kc_max), b % row_blocks(m),
+               xp + pass * pass_floats);
+  };
+  auto run = [&](int64_t q0, int64_t q1) {  // every pass of panels [q0, q1), in order
+    for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
+      panels_pass(xp + p0 / kc_max * pass_floats, m, w, out, q0, q1, p0, std::min(kc_max, k - p0));
+    }
+  };
+  if (small(m, w)) {
+    for (int64_t b = 0; b < passes * row_blocks(m); ++b) pack(b);
+    run(0, panels);
+    return;
+  }
+  // The team packs every pass of x once, together, then takes panels a few at a time (a thread
+  // slowed by a neighbour on its core does not hold the other at the end), each unit running all
+  // its passes. One barrier, after the packing: one a pass cost the 768 x 2048 GEMM ~4% on two
+  // threads (each pass's last units finished unevenly).
+  const int64_t unit = has_avx512f() ? kWidePanels : 1;  // panels a tile call takes
+  const int64_t units = (panels + unit - 1) / unit;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < passes * row_blocks(m); ++b) pack(b);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) run(u * unit, std::min(panels, (u + 1) * unit));
   }
 }
 
@@ -246,43 +314,32 @@ void prepare_weight_f32(WeightView& w) {
 
 int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y) {
   if ((w.kernel_variant & kPackedPanels) == 0) return 0;
-  const int64_t n = w.rows;
-  const int64_t k = w.cols;
-  const int64_t panels = n / kPanel;
-  const int64_t bytes = panels * kPanel * k * int64_t(sizeof(float));
-  if ((m * panels * kPanel * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
-    thread_local std::vector<float> xp;
-    run_panels(x, m, w, y, 0, panels, xp);
-    return panels * kPanel;
-  }
+  const int64_t panels = w.rows / kPanel;
   if (m > 1) {
-    // A batch: the team packs each pass of x once, together, then takes panels a few at a time,
-    // so that a thread slowed by a neighbour on its core does not hold the other at the end. The
-    // loops' barriers keep a pass's packing before its panels and the passes' accumulations into y
-    // in order.
-    const int64_t kc_max = pass_length(m, k);
-    thread_local std::vector<float> xp_buf;  // the calling thread's, shared by the team
-    xp_buf.resize(size_t(row_blocks(m) * kMr * kc_max));
-    float* xp = xp_buf.data();
-    const int64_t unit = has_avx512f() ? kWidePanels : 1;  // panels a tile call takes
-    const int64_t units = (panels + unit - 1) / unit;
-#pragma omp parallel
-    for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
-      const int64_t kc = std::min(kc_max, k - p0);
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < row_blocks(m); ++b) pack_block(x, m, k, p0, kc, b, xp);
-#pragma omp for schedule(dynamic, 2)
-      for (int64_t u = 0; u < units; ++u) panels_pass(xp, m, w, y, u * unit, std::min(panels, (u + 1) * unit), p0, kc);
-    }
-    return panels * kPanel;
+    gemm_batch(x, m, w, PanelOut(y, w.rows));
+  } else if (small(m, w)) {
+    decode_panels(x, w, y, 0, panels);
+  } else {
+    // Each panel streamed once, kDecodePanels at a time, in bands (stolen at the end, see
+    // stealing_bands_cpu.h) claimed half of what is left at a time: longer streams (row_panels).
+    for_units((panels + kDecodePanels - 1) / kDecodePanels, [&](int64_t u0, int64_t u1) {
+      decode_panels(x, w, y, kDecodePanels * u0, std::min(panels, kDecodePanels * u1));
+    }, 2);
   }
-  // Decode: each panel streamed once, kDecodePanels at a time, in bands (stolen at the end, see
-  // stealing_bands_cpu.h) claimed half of what is left at a time: longer streams (see row_panels).
-  for_units((panels + kDecodePanels - 1) / kDecodePanels, [&](int64_t u0, int64_t u1) {
-    thread_local std::vector<float> xp;
-    run_panels(x, m, w, y, kDecodePanels * u0, std::min(panels, kDecodePanels * u1), xp);
-  }, 2);
   return panels * kPanel;
+}
+
+bool gemm_f32_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts) {
+  // kernel_variant bits mean something else for each weight type (i4 uses this one too).
+  if (w.dtype != DType::F32 || (w.kernel_variant & kPackedPanels) == 0 || m < 2) return false;
+  int64_t cols = 0;
+  for (size_t i = 0; i < n_parts; ++i) {
+    if (parts[i].cols <= 0 || parts[i].cols % kPanel != 0) return false;
+    cols += parts[i].cols;
+  }
+  if (cols != w.rows) return false;
+  gemm_batch(x, m, w, PanelOut(parts, n_parts));
+  return true;
 }
 
 }  // namespace tessera::cpu

@@ -142,6 +142,9 @@ void prepare_weight_f32(WeightView& w);
 // y columns of the packed f32 panels; returns how many leading rows of W it computed (0 when the
 // view is not packed).
 int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y);
+// Backend::gemm_parts on packed f32 panels, for a batch (m > 1) whose parts are whole panels
+// (cols multiples of 16); false, writing nothing, otherwise.
+bool gemm_f32_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts);
 void prepare_weight_i4(WeightView& w);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);

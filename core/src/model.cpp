@@ -353,8 +353,9 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   float* x = s.x.as<float>();
   float* xb = s.xb.as<float>();
   float* att = s.att.as<float>();
-  // xb through weights that share it: each part's own Linear, or the fused one, whose output holds
-  // each token's parts side by side (one token's are used in place, a batch's copied apart).
+  // xb through weights that share it: each part's own Linear, or the fused one, which writes a
+  // batch's parts to their own buffers where it can; otherwise its output holds each token's parts
+  // side by side (one token's are used in place, a batch's copied apart).
   struct Part {
     Linear* alone;
     float** out;
@@ -364,6 +365,12 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     if (fused == nullptr) {
       for (const Part& p : parts) p.alone->forward(xb, T, *p.out);
       return;
+    }
+    if (T > 1) {
+      OutputPart outs[3];
+      size_t n = 0;
+      for (const Part& p : parts) outs[n++] = {*p.out, p.cols};
+      if (fused->forward_parts(xb, T, {outs, n})) return;
     }
     fused->forward(xb, T, joined);
     const size_t pitch = size_t(fused->out_features()) * 4;

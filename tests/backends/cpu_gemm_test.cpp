@@ -136,6 +136,94 @@ TEST(CpuGemm, KQuantsMatchTheDequantizedWeightsWhenActivationsQuantizeExactly) {
   }
 }
 
+// A fused weight's output dealt out to its parts (Backend::gemm_parts) is the fused gemm's columns,
+// bit for bit, on one thread or two: the model relies on it for a batch's q|k|v and gate|up. Parts
+// of 48 columns make four-panel tiles span two parts (computed panel by panel); k = 1000 with 40
+// rows takes two passes over k.
+TEST(CpuGemm, GemmPartsGiveTheFusedColumnsBitForBit) {
+  Backend& b = cpu_backend();
+  const std::vector<std::vector<int64_t>> splits = {{64, 32, 32}, {128, 48, 80}, {256, 64}};
+  for (const auto& split : splits) {
+    int64_t n = 0;
+    for (int64_t c : split) n += c;
+    for (int64_t m : {2, 13, 40}) {
+      for (int64_t k : {64, 300, 1000}) {
+        SCOPED_TRACE("parts " + std::to_string(split.size()) + " n=" + std::to_string(n) + " m=" + std::to_string(m) +
+                     " k=" + std::to_string(k));
+        const auto w = random_floats(size_t(n * k), uint32_t(n + k));
+        const auto x = random_floats(size_t(m * k), uint32_t(m + k), -3, 3);
+        const Weight weight = make_weight(DType::F32, w, n, k);
+        const auto fused = gemm(weight.view, x.data(), m);
+        DeviceBuffer xb(b, x.size() * sizeof(float));
+        xb.upload(x.data(), x.size() * sizeof(float));
+        for (int threads : {1, 2}) {
+          b.set_threads(threads);
+          std::vector<DeviceBuffer> outs;
+          std::vector<OutputPart> parts;
+          for (int64_t c : split) {
+            outs.emplace_back(b, size_t(m * c) * sizeof(float));
+            parts.push_back({outs.back().as<float>(), c});
+          }
+          ASSERT_TRUE(b.gemm_parts(xb.as<float>(), m, weight.view, parts.data(), parts.size()));
+          int64_t at = 0;
+          for (size_t p = 0; p < split.size(); ++p) {
+            std::vector<float> got(size_t(m * split[p]));
+            b.copy_to_host(got.data(), outs[p].get(), got.size() * sizeof(float));
+            for (int64_t i = 0; i < m; ++i) {
+              ASSERT_EQ(0, std::memcmp(got.data() + i * split[p], fused.data() + i * n + at,
+                                       size_t(split[p]) * sizeof(float)))
+                  << "part " << p << ", row " << i << ", " << threads << " threads";
+            }
+            at += split[p];
+          }
+        }
+        b.set_threads(2);
+      }
+    }
+  }
+}
+
+// Where the CPU has no split kernel, gemm_parts declines and leaves the parts as they were: one
+// row (decode uses the fused output in place), parts that are not whole panels of 16, parts that
+// do not add up to the weight's rows, and weights that are not packed f32.
+TEST(CpuGemm, GemmPartsDeclinesWhatItCannotSplitAndWritesNothing) {
+  Backend& b = cpu_backend();
+  const int64_t k = 64;
+  const auto x = random_floats(size_t(4 * k), 2);
+  DeviceBuffer xb(b, x.size() * sizeof(float));
+  xb.upload(x.data(), x.size() * sizeof(float));
+  const Weight f32 = make_weight(DType::F32, random_floats(size_t(96 * k), 3), 96, k);
+  const Weight f16 = make_weight(DType::F16, random_floats(size_t(96 * k), 3), 96, k);
+  const Weight i8 = make_weight(DType::I8, random_floats(size_t(96 * k), 3), 96, k);
+  struct Case {
+    const Weight* weight;
+    int64_t m;
+    std::vector<int64_t> split;
+    const char* why;
+  };
+  const std::vector<Case> cases = {{&f32, 1, {64, 32}, "one row"},
+                                   {&f32, 4, {72, 24}, "parts of 72 and 24 columns"},
+                                   {&f32, 4, {64, 16}, "parts adding up to 80 of 96 rows"},
+                                   {&f16, 4, {64, 32}, "f16 weights"},
+                                   {&i8, 4, {64, 32}, "packed int8 weights"}};
+  for (const Case& c : cases) {
+    std::vector<DeviceBuffer> outs;
+    std::vector<OutputPart> parts;
+    for (int64_t cols : c.split) {
+      outs.emplace_back(b, size_t(c.m * cols) * sizeof(float));
+      const std::vector<float> sentinel(size_t(c.m * cols), 7.0f);
+      outs.back().upload(sentinel.data(), sentinel.size() * sizeof(float));
+      parts.push_back({outs.back().as<float>(), cols});
+    }
+    EXPECT_FALSE(b.gemm_parts(xb.as<float>(), c.m, c.weight->view, parts.data(), parts.size())) << c.why;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      std::vector<float> got(size_t(c.m * c.split[p]));
+      b.copy_to_host(got.data(), outs[p].get(), got.size() * sizeof(float));
+      EXPECT_EQ(got, std::vector<float>(got.size(), 7.0f)) << c.why << ": part " << p << " was written";
+    }
+  }
+}
+
 TEST(CpuGemm, PackedF32MatchesTheRowMajorWeight) {
   const int64_t m = 9, n = 53, k = 100;  // three full panels of 16 and 5 row-major rows
   const auto w = random_floats(size_t(n * k), 5);

@@ -127,6 +127,14 @@ class Backend {
   virtual void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) = 0;
   // y[m][n] = x[m][k] · W[n][k]ᵀ
   virtual void gemm(const float* x, int64_t m, const WeightView& w, float* y) = 0;
+  // gemm with y's columns dealt out to parts[0, n_parts) in order (their cols sum to w.rows), so
+  // that a fused weight's parts need no copy apart. False, with nothing written, where the backend
+  // has no such kernel for this weight and m; the caller then runs gemm and splits y itself.
+  // (Pointer and count, not std::span: kernel sources that include this header are C++17.)
+  virtual bool gemm_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts) {
+    (void)x, (void)m, (void)w, (void)parts, (void)n_parts;
+    return false;
+  }
   // Called once for each weight a Linear owns, after it was written to the device row-major: the
   // backend may rearrange the bytes in place (same size) into the layout its gemm streams fastest
   // and mark `w` (kernel_variant bits it owns) so that gemm knows. Only gemm ever sees such a view;

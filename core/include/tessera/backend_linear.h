@@ -17,6 +17,9 @@ class BackendLinear final : public Linear {
  public:
   BackendLinear(Backend& backend, DeviceBuffer data, WeightView view, std::string format, DeviceBuffer extra = {});
   void forward(const float* x, int64_t m, float* y) override;
+  bool forward_parts(const float* x, int64_t m, std::span<const OutputPart> parts) override {
+    return backend_.gemm_parts(x, m, view_, parts.data(), parts.size());
+  }
   int64_t in_features() const override { return view_.cols; }
   int64_t out_features() const override { return view_.rows; }
   size_t resident_bytes() const override { return data_.size() + extra_.size(); }

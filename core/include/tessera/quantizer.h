@@ -28,6 +28,12 @@ class Linear {
   virtual ~Linear() = default;
   // y[m][out_features] = x[m][in_features] · Wᵀ; x and y are backend memory.
   virtual void forward(const float* x, int64_t m, float* y) = 0;
+  // forward with y's columns dealt out to `parts` (Backend::gemm_parts); false, with nothing
+  // written, where this Linear has no such path: the caller runs forward and splits y itself.
+  virtual bool forward_parts(const float* x, int64_t m, std::span<const OutputPart> parts) {
+    (void)x, (void)m, (void)parts;
+    return false;
+  }
   virtual int64_t in_features() const = 0;
   virtual int64_t out_features() const = 0;
   virtual size_t resident_bytes() const = 0;  // backend memory held by this weight

@@ -27,6 +27,13 @@ struct WeightView {
   int32_t kernel_variant = 0;     // backend-specific implementation choice; 0 = the backend's default
 };
 
+// A run of `cols` output columns of a matrix product, written to its own dense [rows][cols]
+// matrix at `data` (backend memory): a fused weight's output dealt out to its parts.
+struct OutputPart {
+  float* data = nullptr;
+  int64_t cols = 0;
+};
+
 // A contiguous float activation matrix [rows][cols] in backend memory.
 struct MatrixView {
   float* data = nullptr;
