@@ -5,6 +5,7 @@
 // decode alternate in one process: every decode run sits between two probe windows of ~0.15 s,
 // its share is over their mean, and the counters give the median share over the runs and the
 // range. The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
+// BM_PrefillRoofline does the same for prefill against the FMA peak.
 //
 //   TESSERA_ROOFLINE_MODEL  GGUF for the float and int pipelines (default: `tessera synth --preset
 //                           110m`, written to $TMPDIR once). The gguf pipelines read the synthetic
@@ -90,13 +91,23 @@ double median(std::vector<double> v) {
   return v.size() % 2 != 0 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
-void BM_DecodeRoofline(benchmark::State& state) {
-  const RooflineCase& c = kCases[size_t(state.range(0))];
-  const int64_t runs = state.range(1);
+std::unique_ptr<Pipeline> pipeline_for(const RooflineCase& c) {
   PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/" + std::string(c.pipeline));
   spec.model = model_for(c.weights);
   spec.backend = "cpu";
-  auto pipeline = Pipeline::build(spec, bench::registry());
+  return Pipeline::build(spec, bench::registry());
+}
+
+void report_shares(benchmark::State& state, const std::vector<double>& shares) {
+  state.counters["share_median"] = median(shares);
+  state.counters["share_min"] = *std::min_element(shares.begin(), shares.end());
+  state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
+}
+
+void BM_DecodeRoofline(benchmark::State& state) {
+  const RooflineCase& c = kCases[size_t(state.range(0))];
+  const int64_t runs = state.range(1);
+  auto pipeline = pipeline_for(c);
   const double bytes_per_token = double(pipeline->model().decode_bytes_per_token());
 
   auto unmap = [](float* p) { unmap_huge_pages(p, kProbeBytes); };
@@ -131,9 +142,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
       before = after;
     }
   }
-  state.counters["share_median"] = median(shares);
-  state.counters["share_min"] = *std::min_element(shares.begin(), shares.end());
-  state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
+  report_shares(state, shares);
   state.counters["decode_tok_per_s"] = median(rates);
   state.counters["probe_GB_per_s"] = median(probes);
   state.counters["weight_MB_per_token"] = bytes_per_token / 1e6;
@@ -153,10 +162,7 @@ void BM_PrefillRoofline(benchmark::State& state) {
   constexpr int64_t kPromptTokens = 128;
   const RooflineCase& c = kCases[size_t(state.range(0))];
   const int64_t runs = state.range(1);
-  PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/" + std::string(c.pipeline));
-  spec.model = model_for(c.weights);
-  spec.backend = "cpu";
-  auto pipeline = Pipeline::build(spec, bench::registry());
+  auto pipeline = pipeline_for(c);
   const Model& model = pipeline->model();
   const double gflop = 2.0 * double(model.layer_macs_per_token() * kPromptTokens + model.head_macs()) / 1e9;
 
@@ -188,9 +194,7 @@ void BM_PrefillRoofline(benchmark::State& state) {
       shares.push_back(share);
     }
   }
-  state.counters["share_median"] = median(shares);
-  state.counters["share_min"] = *std::min_element(shares.begin(), shares.end());
-  state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
+  report_shares(state, shares);
   state.counters["share_first"] = first;
   state.counters["prefill_GFLOP_per_s"] = median(rates);
   state.counters["fma_peak_GFLOP_per_s"] = median(probes);

@@ -262,7 +262,9 @@ void gemm_batch(const float* x, int64_t m, const WeightView& w, const PanelOut& 
   const int64_t kc_max = pass_length(m, k);
   const int64_t passes = (k + kc_max - 1) / kc_max;
   const int64_t pass_floats = row_blocks(m) * kMr * kc_max;
-  thread_local std::vector<float> xp_buf;  // the calling thread's, shared by a team
+  // x packed whole, every pass (as large as x: 46 MB for 2048 rows of 1b's down projection); the
+  // calling thread's, shared by a team, kept for the next call.
+  thread_local std::vector<float> xp_buf;
   xp_buf.resize(size_t(passes * pass_floats));
   float* xp = xp_buf.data();
   auto pack = [&](int64_t b) {  // row block b % row_blocks(m) of pass b / row_blocks(m)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Decode and prefill of each pipeline as a share of this machine's limits (issue #3's table):
 #   decode: weight bytes read per token x tokens/s over the measured read bandwidth
-#   prefill: multiply-adds of a 128-token prompt over the measured FMA peak
+#   prefill: multiply-adds of a 128-token prompt over the measured FMA peak (each run a new process's
+#            first prefill, with its one-time costs; build/bin/roofline_bench --benchmark_filter=Prefill
+#            also gives the prefills after it)
 # Usage: scripts/roofline.sh [-m MODEL] [-r RUNS] [-n TOKENS] [-t THREADS] PIPELINE.yaml...
 # (decode: TOKENS generated after "Once upon a time"; prefill: the 128-token prompt below)
 # MODEL defaults to a synthetic 110m (written to /tmp once). A shared machine's bandwidth drifts by
