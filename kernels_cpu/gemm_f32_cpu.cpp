@@ -6,8 +6,10 @@
 //
 // Kernel: a 6 x 16 tile of y lives in 12 registers; each step of k broadcasts six x values
 // against the panel's two vectors (12 FMAs for 8 loads, so FMA throughput bounds it, where the
-// dot-product form was bound by loads). x is packed per pass over k so the broadcasts read one
-// sequential stream; the panel slice (up to kKc x 16 floats) stays in L1/L2 across all x rows.
+// dot-product form was bound by loads). The broadcasts read x's rows where they are (six
+// sequential streams): packing x into one stream first cost more than it saved (128-row GEMMs on
+// two threads of an EPYC VM: 768x768 +13%, 768x2048 +18% without it, 110m prefill +2-9%). The
+// panel slice (up to kKc x 16 floats) stays in L2 across all x rows.
 //
 // Every y[i][j] is one FMA chain over k in order, whatever m is and wherever row i falls in a
 // tile, so a row's result does not depend on the batch around it (decode equals prefill, bit for
@@ -27,15 +29,18 @@ namespace {
 
 constexpr int64_t kPanel = 16;
 constexpr int64_t kMr = 6;
-constexpr int64_t kKc = 768;  // most k per pass: x packed for it stays in L2 (measured 512-1024 best)
+// Most k per pass: four panels' slice for it (512 KiB) stays in L2. The 768 x 2048 GEMM in one
+// pass ran 4% faster than in three of 683 (128 rows, two threads of an EPYC VM).
+constexpr int64_t kKc = 2048;
 constexpr int32_t kPackedPanels = 1 << 9;  // kernel_variant flag set by prepare_weight_f32
 constexpr int64_t kPrefetchFloats = 512;   // 2 KB ahead in the panel stream
 constexpr int64_t kDecodePanels = 4;       // panels a decode pass streams side by side
 constexpr int kWidePanels = 4;             // panels an AVX-512 prefill tile takes
 
-// y rows [0, MR) x panel columns [0, 16) (+)= xp[p][MR] · panel[p][16] for p in [0, kc).
+// y rows [0, MR) x panel columns [0, 16) (+)= x[r][p] · panel[p][16] for p in [0, kc), x's rows
+// ldx floats apart.
 template <int MR, bool kPrefetch>
-__attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, int64_t kc, float* y,
+__attribute__((target("avx2,fma"))) void tile(const float* x, int64_t ldx, const float* wp, int64_t kc, float* y,
                                               int64_t ldy, bool first) {
   __m256 acc[MR][2];
 #pragma GCC unroll 6
@@ -49,7 +54,7 @@ __attribute__((target("avx2,fma"))) void tile(const float* xp, const float* wp, 
     const __m256 w1 = _mm256_loadu_ps(wp + p * kPanel + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(xp + p * MR + r);
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + p);
       acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
     }
@@ -100,8 +105,9 @@ __attribute__((target("avx2,fma"))) void row_panels(const float* x, const float*
 // cycle (128-row GEMM at 2048x768 on a Xeon VM, 2 threads: AVX2 217 GFLOP/s, 2 panels 311-318,
 // 3 panels 312-329, 4 panels 330-349; the 16-lane FMA peak 465).
 template <int MR, int P>
-__attribute__((target("avx512f,avx2,fma"))) void tile_panels_avx512(const float* xp, const float* wp, int64_t stride,
-                                                                    int64_t kc, float* y, int64_t ldy, bool first) {
+__attribute__((target("avx512f,avx2,fma"))) void tile_panels_avx512(const float* x, int64_t ldx, const float* wp,
+                                                                    int64_t stride, int64_t kc, float* y, int64_t ldy,
+                                                                    bool first) {
   __m512 acc[MR][P];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -114,7 +120,7 @@ __attribute__((target("avx512f,avx2,fma"))) void tile_panels_avx512(const float*
     for (int j = 0; j < P; ++j) wv[j] = _mm512_loadu_ps(wp + j * stride + p * kPanel);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_set1_ps(xp[p * MR + r]);
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + p]);
 #pragma GCC unroll 4
       for (int j = 0; j < P; ++j) acc[r][j] = _mm512_fmadd_ps(xv, wv[j], acc[r][j]);
     }
@@ -126,7 +132,7 @@ __attribute__((target("avx512f,avx2,fma"))) void tile_panels_avx512(const float*
   }
 }
 
-using PanelsFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t, bool);
+using PanelsFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool);
 constexpr PanelsFn kWideTiles[kMr + 1] = {nullptr,
                                           tile_panels_avx512<1, kWidePanels>,
                                           tile_panels_avx512<2, kWidePanels>,
@@ -135,7 +141,7 @@ constexpr PanelsFn kWideTiles[kMr + 1] = {nullptr,
                                           tile_panels_avx512<5, kWidePanels>,
                                           tile_panels_avx512<6, kWidePanels>};
 
-using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t, bool);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
 // Only a single pass over a panel (decode) streams it from memory; a batch rereads it from L1.
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1, true>, tile<2, false>, tile<3, false>, tile<4, false>, tile<5, false>, tile<6, false>};
 
@@ -145,20 +151,6 @@ int64_t pass_length(int64_t m, int64_t k) {
   const int64_t passes = m < 2 * kMr ? 1 : (k + kKc - 1) / kKc;
   return (k + passes - 1) / passes;
 }
-
-// Row block i0 / kMr of x, columns [p0, p0 + kc) -> xp + i0 * kc as [kc][mr] (blocks one after
-// another).
-void pack_block(const float* x, int64_t m, int64_t k, int64_t p0, int64_t kc, int64_t block, float* xp) {
-  const int64_t i0 = block * kMr;
-  const int64_t mr = std::min(kMr, m - i0);
-  float* dst = xp + i0 * kc;
-  for (int64_t r = 0; r < mr; ++r) {
-    const float* src = x + (i0 + r) * k + p0;
-    for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = src[p];
-  }
-}
-
-int64_t row_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
 // Where y's columns go: one dense y[m][n], or runs of whole panels dealt out to parts, each a
 // dense matrix of its own (gemm_f32_parts).
@@ -193,37 +185,38 @@ class PanelOut {
   int64_t ld_ = 0;
 };
 
-// Panel q against all m rows of packed x, for the pass [p0, p0 + kc).
-void panel_pass(const float* xp, int64_t m, const WeightView& w, const PanelOut& out, int64_t q, int64_t p0,
+// Panel q against all m rows of x, for the pass [p0, p0 + kc).
+void panel_pass(const float* x, int64_t m, const WeightView& w, const PanelOut& out, int64_t q, int64_t p0,
                 int64_t kc) {
-  const float* wp = static_cast<const float*>(w.data) + q * kPanel * w.cols + p0 * kPanel;
+  const int64_t k = w.cols;
+  const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
   int64_t ld = 0;
   float* y = out.columns(q, 1, ld);
   for (int64_t i0 = 0; i0 < m; i0 += kMr) {
     const int64_t mr = std::min(kMr, m - i0);
-    kTiles[mr](xp + i0 * kc, wp, kc, y + i0 * ld, ld, p0 == 0);
+    kTiles[mr](x + i0 * k + p0, k, wp, kc, y + i0 * ld, ld, p0 == 0);
   }
 }
 
-// Panels [q0, q1) against all m rows of packed x, for the pass [p0, p0 + kc): kWidePanels at a time
+// Panels [q0, q1) against all m rows of x, for the pass [p0, p0 + kc): kWidePanels at a time
 // (tile_panels_avx512) where the CPU has AVX-512 and they go to one part, else one by one.
-void panels_pass(const float* xp, int64_t m, const WeightView& w, const PanelOut& out, int64_t q0, int64_t q1,
+void panels_pass(const float* x, int64_t m, const WeightView& w, const PanelOut& out, int64_t q0, int64_t q1,
                  int64_t p0, int64_t kc) {
   const int64_t k = w.cols;
   int64_t q = q0;
   for (int64_t ld = 0; has_avx512f() && q + kWidePanels <= q1; q += kWidePanels) {
     float* y = out.columns(q, kWidePanels, ld);
     if (y == nullptr) {
-      for (int64_t j = q; j < q + kWidePanels; ++j) panel_pass(xp, m, w, out, j, p0, kc);
+      for (int64_t j = q; j < q + kWidePanels; ++j) panel_pass(x, m, w, out, j, p0, kc);
       continue;
     }
     const float* wp = static_cast<const float*>(w.data) + q * kPanel * k + p0 * kPanel;
     for (int64_t i0 = 0; i0 < m; i0 += kMr) {
       const int64_t mr = std::min(kMr, m - i0);
-      kWideTiles[mr](xp + i0 * kc, wp, kPanel * k, kc, y + i0 * ld, ld, p0 == 0);
+      kWideTiles[mr](x + i0 * k + p0, k, wp, kPanel * k, kc, y + i0 * ld, ld, p0 == 0);
     }
   }
-  for (; q < q1; ++q) panel_pass(xp, m, w, out, q, p0, kc);
+  for (; q < q1; ++q) panel_pass(x, m, w, out, q, p0, kc);
 }
 
 // Decode: panels [q0, q1) against the one row x (as it is, the packed layout), in one pass.
@@ -260,41 +253,17 @@ void gemm_batch(const float* x, int64_t m, const WeightView& w, const PanelOut& 
   const int64_t k = w.cols;
   const int64_t panels = w.rows / kPanel;
   const int64_t kc_max = pass_length(m, k);
-  const int64_t passes = (k + kc_max - 1) / kc_max;
-  const int64_t pass_floats = row_blocks(m) * kMr * kc_max;
-  // x packed whole, every pass (as large as x: 46 MB for 2048 rows of 1b's down projection); the
-  // calling thread's, shared by a team, kept for the next call.
-  thread_local std::vector<float> xp_buf;
-  xp_buf.resize(size_t(passes * pass_floats));
-  float* xp = xp_buf.data();
-  auto pack = [&](int64_t b) {  // row block b % row_blocks(m) of pass b / row_blocks(m)
-    const int64_t pass = b / row_blocks(m);
-    pack_block(x, m, k, pass * kc_max, std::min(kc_max, k - pass * kc_max), b % row_blocks(m),
-               xp + pass * pass_floats);
-  };
   auto run = [&](int64_t q0, int64_t q1) {  // every pass of panels [q0, q1), in order
-    for (int64_t p0 = 0; p0 < k; p0 += kc_max) {
-      panels_pass(xp + p0 / kc_max * pass_floats, m, w, out, q0, q1, p0, std::min(kc_max, k - p0));
-    }
+    for (int64_t p0 = 0; p0 < k; p0 += kc_max) panels_pass(x, m, w, out, q0, q1, p0, std::min(kc_max, k - p0));
   };
-  if (small(m, w)) {
-    for (int64_t b = 0; b < passes * row_blocks(m); ++b) pack(b);
-    run(0, panels);
-    return;
-  }
-  // The team packs every pass of x once, together, then takes panels a few at a time (a thread
-  // slowed by a neighbour on its core does not hold the other at the end), each unit running all
-  // its passes. One barrier, after the packing: one a pass cost the 768 x 2048 GEMM ~4% on two
-  // threads (each pass's last units finished unevenly).
+  if (small(m, w)) return run(0, panels);
+  // The team takes panels a few at a time (a thread slowed by a neighbour on its core does not
+  // hold the other at the end), each unit running all its passes: no barrier between passes (one a
+  // pass cost the 768 x 2048 GEMM ~4% on two threads, each pass's last units finishing unevenly).
   const int64_t unit = has_avx512f() ? kWidePanels : 1;  // panels a tile call takes
   const int64_t units = (panels + unit - 1) / unit;
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < passes * row_blocks(m); ++b) pack(b);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < units; ++u) run(u * unit, std::min(panels, (u + 1) * unit));
-  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t u = 0; u < units; ++u) run(u * unit, std::min(panels, (u + 1) * unit));
 }
 
 }  // namespace
