@@ -219,7 +219,7 @@ void panels_pass(const float* x, int64_t m, const WeightView& w, const PanelOut&
   for (; q < q1; ++q) panel_pass(x, m, w, out, q, p0, kc);
 }
 
-// Decode: panels [q0, q1) against the one row x (as it is, the packed layout), in one pass.
+// Decode: panels [q0, q1) against the one row x, in one pass.
 void decode_panels(const float* x, const WeightView& w, float* y, int64_t q0, int64_t q1) {
   const int64_t k = w.cols;
   const auto* panels = static_cast<const float*>(w.data);
