@@ -65,8 +65,8 @@ bool has_avx2();
 // machine, or to see what a CPU without them gets. Another value is refused by name.
 enum class IsaCap { none, vnni, avx2 };
 IsaCap isa_cap();
-// AVX-512F with AVX2 and FMA (the f32 prefill tiles' 512-bit FMAs, gemm_f32_cpu.cpp);
-// TESSERA_CPU_ISA=avx2 hides it.
+// AVX-512F with AVX2 and FMA (the f32 prefill tiles' 512-bit FMAs, gemm_f32_cpu.cpp; attention's
+// transposed-key scores and value sums, vec_math_cpu.cpp); TESSERA_CPU_ISA=avx2 hides it.
 bool has_avx512f();
 
 // How a decode GEMV (one row of x) reads its weights, tuned per host: the same kernels read

@@ -188,25 +188,23 @@ TESSERA_AVX2 float dot_rows_avx2(const float* q, const void* const* rows, int n,
   return m;
 }
 
-// One chunk (8 keys) per step: lane l's chain for the 8 keys is one vector (8 independent chains
-// hide the FMA latency), and the lanes are summed in hsum256's order.
-TESSERA_AVX2 float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
-                                                       int64_t hd, float scale, float* out) {
-  if (hd % 8 != 0) return dot_cols_generic(q, kt, n, skip, hd, scale, out);
-  const __m256 vscale = _mm256_set1_ps(scale);
-  for (int j = 0; j < n; j += 8) {  // the last chunk may hold keys past n (later keys or zeros): ignored
-    const float* c = kt + j * hd;
-    __m256 a[8];
+// One chunk (8 keys at c) scored into out[0, 8): lane l's chain for the 8 keys is one vector (8
+// independent chains hide the FMA latency), and the lanes are summed in hsum256's order.
+TESSERA_AVX2 inline void chunk_scores_avx2(const float* q, const float* c, int64_t hd, float scale, float* out) {
+  __m256 a[8];
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) a[l] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8, c += 64) {
+  for (int l = 0; l < 8; ++l) a[l] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 8, c += 64) {
 #pragma GCC unroll 8
-      for (int l = 0; l < 8; ++l) a[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + l), _mm256_loadu_ps(c + 8 * l), a[l]);
-    }
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(s, vscale));
+    for (int l = 0; l < 8; ++l) a[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + l), _mm256_loadu_ps(c + 8 * l), a[l]);
   }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                 _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+  _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
+
+// The largest of out[skip, n).
+TESSERA_AVX2 float scores_max(const float* out, int n, int skip) {
   float m = -INFINITY;
   int i = skip;
   for (; i < n && i % 8 != 0; ++i) m = std::max(m, out[i]);
@@ -215,6 +213,48 @@ TESSERA_AVX2 float dot_cols_avx2(const float* q, const float* kt, int n, int ski
   m = max256(mx);
   for (; i < n; ++i) m = std::max(m, out[i]);
   return m;
+}
+
+TESSERA_AVX2 float dot_cols_avx2(const float* q, const float* kt, int n, int skip,
+                                                       int64_t hd, float scale, float* out) {
+  if (hd % 8 != 0) return dot_cols_generic(q, kt, n, skip, hd, scale, out);
+  // The last chunk may hold keys past n (later keys or zeros): scored and ignored.
+  for (int j = 0; j < n; j += 8) chunk_scores_avx2(q, kt + j * hd, hd, scale, out + j);
+  return scores_max(out, n, skip);
+}
+
+#define TESSERA_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+// Chunks j and j + 8 (kt's two chunks a pair apart, `pair` floats) side by side in one vector.
+TESSERA_AVX512 inline __m512 load_chunk_pair(const float* c, int64_t pair) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(c))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(c + pair)), 1));
+}
+
+// dot_cols_avx2 two chunks at a time on 512-bit vectors: lanes 0-7 hold chunk j's keys, 8-15 chunk
+// j + 8's, each key's lane chains and their sum the same as chunk_scores_avx2's, so the same bits
+// with half the FMAs and broadcasts. A last odd chunk takes chunk_scores_avx2.
+TESSERA_AVX512 float dot_cols_avx512(const float* q, const float* kt, int n, int skip, int64_t hd, float scale,
+                                     float* out) {
+  if (hd % 8 != 0) return dot_cols_generic(q, kt, n, skip, hd, scale, out);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const int64_t pair = 8 * hd;
+  int j = 0;
+  for (; j + 8 < n; j += 16) {  // chunk j + 8 holds a key below n
+    const float* c = kt + j * hd;
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) a[l] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8, c += 64) {
+#pragma GCC unroll 8
+      for (int l = 0; l < 8; ++l) a[l] = _mm512_fmadd_ps(_mm512_set1_ps(q[d + l]), load_chunk_pair(c + 8 * l, pair), a[l]);
+    }
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                     _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+    _mm512_storeu_ps(out + j, _mm512_mul_ps(sum, vscale));
+  }
+  if (j < n) chunk_scores_avx2(q, kt + j * hd, hd, scale, out + j);
+  return scores_max(out, n, skip);
 }
 
 TESSERA_AVX2 float exp_shift_avx2(float* s, int n, float shift) {
@@ -292,10 +332,64 @@ TESSERA_AVX2 void weighted_sum_avx2(const float* p, const void* const* rows, int
   }
 }
 
+// 16 elements of a cache row from d on, widened as load8 widens them.
+template <class Row>
+TESSERA_AVX512 inline __m512 load16(const void* r, int64_t d);
+template <>
+TESSERA_AVX512 inline __m512 load16<F32Row>(const void* r, int64_t d) {
+  return _mm512_loadu_ps(static_cast<const float*>(r) + d);
+}
+template <>
+TESSERA_AVX512 inline __m512 load16<F16Row>(const void* r, int64_t d) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(r) + d)));
+}
+template <>
+TESSERA_AVX512 inline __m512 load16<BF16Row>(const void* r, int64_t d) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(r) + d));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// weighted_cols on 512-bit vectors: acc[d0, d0 + 16C), each element the same chain of FMAs over
+// the keys in order, so the same bits with half the instructions.
+template <class Row, int C>
+TESSERA_AVX512 inline void weighted_cols512(const float* p, const void* const* rows, int n, int64_t d0, float* acc) {
+  __m512 a[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc + d0 + 16 * c);
+  for (int j = 0; j < n; ++j) {
+    const __m512 w = _mm512_set1_ps(p[j]);
+    const void* r = rows[j];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(w, load16<Row>(r, d0 + 16 * c), a[c]);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + d0 + 16 * c, a[c]);
+}
+
+// weighted_sum_avx2 for heads of a multiple of 16 past 16 (smaller ones, and others, take it).
+template <class Row>
+TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
+  if (hd % 16 != 0 || hd <= 16) return weighted_sum_avx2<Row>(p, rows, n, hd, acc);
+  int64_t d = 0;
+  for (; d + 128 <= hd; d += 128) weighted_cols512<Row, 8>(p, rows, n, d, acc);
+  switch ((hd - d) / 16) {
+    case 1: return weighted_cols512<Row, 1>(p, rows, n, d, acc);
+    case 2: return weighted_cols512<Row, 2>(p, rows, n, d, acc);
+    case 3: return weighted_cols512<Row, 3>(p, rows, n, d, acc);
+    case 4: return weighted_cols512<Row, 4>(p, rows, n, d, acc);
+    case 5: return weighted_cols512<Row, 5>(p, rows, n, d, acc);
+    case 6: return weighted_cols512<Row, 6>(p, rows, n, d, acc);
+    case 7: return weighted_cols512<Row, 7>(p, rows, n, d, acc);
+    default: return;
+  }
+}
+
 template <class Row>
 constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>};
 template <class Row>
 constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>};
+template <class Row>
+constexpr RowOps avx512_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx512<Row>};
 
 }  // namespace
 
@@ -303,7 +397,10 @@ const VecOps& vec_ops() {
   static const VecOps generic{generic_rows<F32Row>, generic_rows<F16Row>, generic_rows<BF16Row>, dot_cols_generic,
                               exp_shift_generic};
   static const VecOps avx2{avx2_rows<F32Row>, avx2_rows<F16Row>, avx2_rows<BF16Row>, dot_cols_avx2, exp_shift_avx2};
-  return has_f16c() ? avx2 : generic;  // has_f16c: F16C, AVX2 and FMA
+  static const VecOps avx512{avx512_rows<F32Row>, avx512_rows<F16Row>, avx512_rows<BF16Row>, dot_cols_avx512,
+                             exp_shift_avx2};
+  if (!has_f16c()) return generic;  // has_f16c: F16C, AVX2 and FMA
+  return has_avx512f() ? avx512 : avx2;
 }
 
 }  // namespace tessera::cpu

@@ -1,5 +1,9 @@
 // Small vector routines for the attention inner loops, with an AVX2 and a portable version picked
-// once at run time (never in a global initialiser): AVX2 with FMA and F16C, or portable.
+// once at run time (never in a global initialiser): AVX2 with FMA and F16C, or portable; where the
+// CPU has AVX-512F too, the transposed-key scores and the value sums run on 512-bit vectors with
+// the same per-element arithmetic, so the same bits (attention op over a 2048-token prompt ~8%
+// faster, a cold 512-key decode ~5%: BM_AttentionOp/2048/1, BM_DecodeAttentionCold/512/0 against
+// TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5).
 #pragma once
 
 #include <immintrin.h>
