@@ -274,26 +274,31 @@ TESSERA_AVX2 float exp_shift_avx2(float* s, int n, float shift) {
   return total;
 }
 
-// acc[d0, d0 + 8C) += sum_j p[j] * rows[j][d0, d0 + 8C), keys in order (one chain per lane, as
+// Run<C>::go: acc[d0, d0 + 8C) += sum_j p[j] * rows[j][d0, d0 + 8C), keys in order (one chain per lane, as
 // the portable loop sums them): each row's slice is read once, front to back, and C independent
 // chains hide the FMA latency.
-template <class Row, int C>
-TESSERA_AVX2 inline void weighted_cols(const float* p, const void* const* rows, int n, int64_t d0, float* acc) {
-  __m256 a[C];
+template <class Row>
+struct WeightedCols256 {
+  template <int C>
+  struct Run {
+    TESSERA_AVX2 static void go(int64_t d0, const float* p, const void* const* rows, int n, float* acc) {
+      __m256 a[C];
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
-  for (int j = 0; j < n; ++j) {
-    const __m256 w = _mm256_set1_ps(p[j]);
-    const void* r = rows[j];
+      for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + d0 + 8 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m256 w = _mm256_set1_ps(p[j]);
+        const void* r = rows[j];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(w, Row::load8(r, d0 + 8 * c), a[c]);
-  }
+        for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(w, Row::load8(r, d0 + 8 * c), a[c]);
+      }
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
-}
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + d0 + 8 * c, a[c]);
+    }
+  };
+};
 
 // For heads of 8 or 16: four partial sums over the keys (j mod 4) hide the FMA latency that the
-// one or two lane chains of weighted_cols would expose.
+// one or two lane chains of WeightedCols256 would expose.
 template <class Row>
 TESSERA_AVX2 void weighted_sum_key_chains(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
   for (int64_t d = 0; d < hd; d += 8) {
@@ -310,6 +315,24 @@ TESSERA_AVX2 void weighted_sum_key_chains(const float* p, const void* const* row
   }
 }
 
+// Run<C>::go(d, args...) over a head of hd floats (a multiple of kLanes) in runs of up to 8 vectors
+// of kLanes: the value sums' column chains, as many as fit in registers.
+template <int kLanes, template <int> class Run, class... Args>
+inline void column_runs(int64_t hd, Args... args) {
+  int64_t d = 0;
+  for (; d + 8 * kLanes <= hd; d += 8 * kLanes) Run<8>::go(d, args...);
+  switch ((hd - d) / kLanes) {
+    case 1: return Run<1>::go(d, args...);
+    case 2: return Run<2>::go(d, args...);
+    case 3: return Run<3>::go(d, args...);
+    case 4: return Run<4>::go(d, args...);
+    case 5: return Run<5>::go(d, args...);
+    case 6: return Run<6>::go(d, args...);
+    case 7: return Run<7>::go(d, args...);
+    default: return;
+  }
+}
+
 // From 24 wide, keys in the inner loop: a head's value rows are strided by a token's whole row in
 // the cache, and walking each once (instead of once per slice of the head) halves the time of a
 // long-context decode over an f16 cache. Every path (decode, prefill, verification) sums through
@@ -318,18 +341,7 @@ template <class Row>
 TESSERA_AVX2 void weighted_sum_avx2(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
   if (hd % 8 != 0) return weighted_sum_generic<Row>(p, rows, n, hd, acc);
   if (hd <= 16) return weighted_sum_key_chains<Row>(p, rows, n, hd, acc);
-  int64_t d = 0;
-  for (; d + 64 <= hd; d += 64) weighted_cols<Row, 8>(p, rows, n, d, acc);
-  switch ((hd - d) / 8) {
-    case 1: return weighted_cols<Row, 1>(p, rows, n, d, acc);
-    case 2: return weighted_cols<Row, 2>(p, rows, n, d, acc);
-    case 3: return weighted_cols<Row, 3>(p, rows, n, d, acc);
-    case 4: return weighted_cols<Row, 4>(p, rows, n, d, acc);
-    case 5: return weighted_cols<Row, 5>(p, rows, n, d, acc);
-    case 6: return weighted_cols<Row, 6>(p, rows, n, d, acc);
-    case 7: return weighted_cols<Row, 7>(p, rows, n, d, acc);
-    default: return;
-  }
+  column_runs<8, WeightedCols256<Row>::template Run>(hd, p, rows, n, acc);
 }
 
 // 16 elements of a cache row from d on, widened as load8 widens them.
@@ -349,39 +361,33 @@ TESSERA_AVX512 inline __m512 load16<BF16Row>(const void* r, int64_t d) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// weighted_cols on 512-bit vectors: acc[d0, d0 + 16C), each element the same chain of FMAs over
+// WeightedCols256 on 512-bit vectors: acc[d0, d0 + 16C), each element the same chain of FMAs over
 // the keys in order, so the same bits with half the instructions.
-template <class Row, int C>
-TESSERA_AVX512 inline void weighted_cols512(const float* p, const void* const* rows, int n, int64_t d0, float* acc) {
-  __m512 a[C];
+template <class Row>
+struct WeightedCols512 {
+  template <int C>
+  struct Run {
+    TESSERA_AVX512 static void go(int64_t d0, const float* p, const void* const* rows, int n, float* acc) {
+      __m512 a[C];
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc + d0 + 16 * c);
-  for (int j = 0; j < n; ++j) {
-    const __m512 w = _mm512_set1_ps(p[j]);
-    const void* r = rows[j];
+      for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc + d0 + 16 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m512 w = _mm512_set1_ps(p[j]);
+        const void* r = rows[j];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(w, load16<Row>(r, d0 + 16 * c), a[c]);
-  }
+        for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(w, load16<Row>(r, d0 + 16 * c), a[c]);
+      }
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + d0 + 16 * c, a[c]);
-}
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + d0 + 16 * c, a[c]);
+    }
+  };
+};
 
 // weighted_sum_avx2 for heads of a multiple of 16 past 16 (smaller ones, and others, take it).
 template <class Row>
 TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
   if (hd % 16 != 0 || hd <= 16) return weighted_sum_avx2<Row>(p, rows, n, hd, acc);
-  int64_t d = 0;
-  for (; d + 128 <= hd; d += 128) weighted_cols512<Row, 8>(p, rows, n, d, acc);
-  switch ((hd - d) / 16) {
-    case 1: return weighted_cols512<Row, 1>(p, rows, n, d, acc);
-    case 2: return weighted_cols512<Row, 2>(p, rows, n, d, acc);
-    case 3: return weighted_cols512<Row, 3>(p, rows, n, d, acc);
-    case 4: return weighted_cols512<Row, 4>(p, rows, n, d, acc);
-    case 5: return weighted_cols512<Row, 5>(p, rows, n, d, acc);
-    case 6: return weighted_cols512<Row, 6>(p, rows, n, d, acc);
-    case 7: return weighted_cols512<Row, 7>(p, rows, n, d, acc);
-    default: return;
-  }
+  column_runs<16, WeightedCols512<Row>::template Run>(hd, p, rows, n, acc);
 }
 
 template <class Row>
