@@ -102,7 +102,7 @@ class CpuBackend final : public Backend {
   void gemm(const float* x, int64_t m, const WeightView& w, float* y) override { cpu::gemm(x, m, w, y); }
   bool gemm_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts,
                   size_t n_parts) override {
-    return cpu::gemm_f32_parts(x, m, w, parts, n_parts);
+    return cpu::gemm_f32_parts(x, m, w, parts, n_parts) || cpu::gemm_i8_parts(x, m, w, parts, n_parts);
   }
   void prepare_weight(WeightView& w) override {
     cpu::prepare_weight(w);

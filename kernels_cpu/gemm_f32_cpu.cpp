@@ -21,13 +21,14 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "panel_out_cpu.h"
 #include "stealing_bands_cpu.h"
 
 namespace tessera::cpu {
 
 namespace {
 
-constexpr int64_t kPanel = 16;
+constexpr int64_t kPanel = PanelOut::kPanelColumns;
 constexpr int64_t kMr = 6;
 // Most k per pass: four panels' slice for it (512 KiB) stays in L2. The 768 x 2048 GEMM in one
 // pass ran 4% faster than in three of 683 (128 rows, two threads of an EPYC VM).
@@ -152,39 +153,6 @@ int64_t pass_length(int64_t m, int64_t k) {
   return (k + passes - 1) / passes;
 }
 
-// Where y's columns go: one dense y[m][n], or runs of whole panels dealt out to parts, each a
-// dense matrix of its own (gemm_f32_parts).
-class PanelOut {
- public:
-  PanelOut(float* y, int64_t n) : y_(y), ld_(n) {}
-  PanelOut(const OutputPart* parts, size_t n_parts) : parts_(parts), n_parts_(n_parts) {}
-
-  // Row 0 of the columns of panels [q, q + count), which lie in one part with rows `ld` apart;
-  // null where they span two parts.
-  float* columns(int64_t q, int64_t count, int64_t& ld) const {
-    if (parts_ == nullptr) {
-      ld = ld_;
-      return y_ + q * kPanel;
-    }
-    int64_t start = 0;
-    for (size_t i = 0; i < n_parts_; ++i) {
-      const OutputPart& part = parts_[i];
-      if (q * kPanel < start + part.cols) {
-        ld = part.cols;
-        return (q + count) * kPanel <= start + part.cols ? part.data + (q * kPanel - start) : nullptr;
-      }
-      start += part.cols;
-    }
-    return nullptr;
-  }
-
- private:
-  const OutputPart* parts_ = nullptr;
-  size_t n_parts_ = 0;
-  float* y_ = nullptr;
-  int64_t ld_ = 0;
-};
-
 // Panel q against all m rows of x, for the pass [p0, p0 + kc).
 void panel_pass(const float* x, int64_t m, const WeightView& w, const PanelOut& out, int64_t q, int64_t p0,
                 int64_t kc) {
@@ -303,12 +271,7 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
 bool gemm_f32_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts) {
   // kernel_variant bits mean something else for each weight type (i4 uses this one too).
   if (w.dtype != DType::F32 || (w.kernel_variant & kPackedPanels) == 0 || m < 2) return false;
-  int64_t cols = 0;
-  for (size_t i = 0; i < n_parts; ++i) {
-    if (parts[i].cols <= 0 || parts[i].cols % kPanel != 0) return false;
-    cols += parts[i].cols;
-  }
-  if (cols != w.rows) return false;
+  if (!PanelOut::splits(w.rows, parts, n_parts)) return false;
   gemm_batch(x, m, w, PanelOut(parts, n_parts));
   return true;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "panel_out_cpu.h"
 #include "stealing_bands_cpu.h"
 #include "tessera/error.h"
 
@@ -245,7 +246,16 @@ void prepare_weight_i8(WeightView& w) {
   if (simd_kernel(w.kernel_variant) && has_avx2()) prepare_weight_i8_panels(w);
 }
 
-void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
+namespace {
+
+// Prefill on AMX where the CPU has it (kernel auto only: avx2 and vnni name their instructions).
+bool uses_amx(int32_t variant, int64_t m, const WeightView& w) {
+  return (variant & ~kKernelFlags) == kKernelAuto && m > 1 && w.cols % 64 == 0 && amx_int8_usable();
+}
+
+// gemm_i8 into `out`: dense, or (gemm_i8_parts) parts of whole panels, which only the panel
+// kernels write.
+void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut& out) {
   const int32_t variant = w.kernel_variant & ~kI8PackedPanels;
 #ifndef TESSERA_HAVE_DNNL
   if (variant == kVariantDnnl) {
@@ -258,8 +268,8 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
                 " (0 = auto, 1 = oneDNN, 2 = scalar reference, 3 = avx2, 4 = vnni)");
   }
   const bool vnni = vnni_for(variant, "i8");
-  // Prefill on AMX where the CPU has it (kernel auto only: avx2 and vnni name their instructions).
-  const bool amx = (variant & ~kKernelFlags) == kKernelAuto && m > 1 && w.cols % 64 == 0 && amx_int8_usable();
+  const bool amx = uses_amx(variant, m, w);
+  float* const y = out.dense();  // the AMX, oneDNN and row-major paths (never with parts)
   const bool avx2 = variant != kKernelReference && has_avx2();
   const int64_t k = w.cols;
   const int64_t n = w.rows;
@@ -299,7 +309,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   auto run_units = [&](const Scratch& s, UnitRange r) {
     if (r.begin < panels && amx) gemm_i8_amx(s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
     if (r.begin < panels && !amx) {
-      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y, vnni);
+      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), out, vnni);
     }
     if (r.end > panels) {
       const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
@@ -315,7 +325,7 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
     quantize(mine, 0, blocks);
     if (panel_rows > 0 && amx) gemm_i8_amx(mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
-    if (panel_rows > 0 && !amx) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, y, vnni);
+    if (panel_rows > 0 && !amx) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, out, vnni);
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
@@ -333,6 +343,20 @@ void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) {
     const Scratch& s = team_quantized_x(*caller, mine, m, blocks, size_scratch, quantize);  // slices: 6-row blocks
     for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) run_units(s, r);
   }
+}
+
+}  // namespace
+
+void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) { gemm_i8_into(x, m, w, PanelOut(y, w.rows)); }
+
+bool gemm_i8_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts) {
+  const int32_t variant = w.kernel_variant & ~kI8PackedPanels;
+  if (w.dtype != DType::I8 || m < 2 || i8_panel_rows(w) != w.rows || !simd_kernel(variant) ||
+      uses_amx(variant, m, w) || !PanelOut::splits(w.rows, parts, n_parts)) {
+    return false;
+  }
+  gemm_i8_into(x, m, w, PanelOut(parts, n_parts));
+  return true;
 }
 
 }  // namespace tessera::cpu

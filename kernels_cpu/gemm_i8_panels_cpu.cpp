@@ -29,12 +29,13 @@
 #include <vector>
 
 #include "kernels_cpu.h"
+#include "panel_out_cpu.h"
 
 namespace tessera::cpu {
 
 namespace {
 
-constexpr int64_t kPanel = 16;
+constexpr int64_t kPanel = PanelOut::kPanelColumns;
 constexpr int64_t kQuadBytes = 4 * kPanel;  // one quad of columns of a panel
 constexpr int64_t kMr = 6;
 constexpr int64_t kPrefetchBytes = 2048;
@@ -275,12 +276,12 @@ void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1
 int64_t x_quad_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
-                    int64_t q0, int64_t q1, float* y, bool vnni) {
+                    int64_t q0, int64_t q1, const PanelOut& out, bool vnni) {
   const int64_t k = w.cols;
   const int64_t kq = k / 4;
-  const int64_t n = w.rows;
   const auto* panels = static_cast<const int8_t*>(w.data);
-  if (m == 1 && k % 4 == 0) {
+  if (m == 1 && k % 4 == 0) {  // decode: one dense y (gemm_parts is for batches)
+    float* const y = out.dense();
     // amd tuning: one stream a thread, its claimed panels one after another. On a Zen 3 VM (two
     // vCPUs) that read faster than four streams through the claim's quarters: int8 110m decode +7%
     // in the minutes when the bandwidth probe read ~33 GB/s, +5% when it read 40-56
@@ -304,23 +305,25 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     }
     return;
   }
-  alignas(32) int32_t out[kMr * kPanel];
+  alignas(32) int32_t dots[kMr * kPanel];
   const int64_t whole = kq * 4;
   for (int64_t q = q0; q < q1; ++q) {
     const int8_t* wp = panels + q * kPanel * k;
     const int64_t j = q * kPanel;
+    int64_t ld = 0;
+    float* const y = out.columns(q, 1, ld);
     for (int64_t i0 = 0; i0 < m; i0 += kMr) {
       const int64_t mr = std::min(kMr, m - i0);
-      (vnni ? kTilesVnni : kTiles)[mr](xp + i0 * kq * 2, wp, kq, out);
+      (vnni ? kTilesVnni : kTiles)[mr](xp + i0 * kq * 2, wp, kq, dots);
       for (int64_t r = 0; r < mr; ++r) {
         const int64_t i = i0 + r;
-        int32_t* acc = out + r * kPanel;
+        int32_t* acc = dots + r * kPanel;
         for (int64_t c = whole; c < k; ++c) {  // the columns after the last whole quad
           const int32_t xl = xq[i * k + c];
           const int8_t* wc = wp + whole * kPanel + (c - whole) * kPanel;
           for (int64_t row = 0; row < kPanel; ++row) acc[row] += xl * int32_t(wc[row]);
         }
-        for (int64_t c = 0; c < kPanel; ++c) y[i * n + j + c] = float(acc[c]) * (sx[i] * w.scales[j + c]);
+        for (int64_t c = 0; c < kPanel; ++c) y[i * ld + c] = float(acc[c]) * (sx[i] * w.scales[j + c]);
       }
     }
   }

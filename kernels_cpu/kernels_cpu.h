@@ -136,8 +136,12 @@ void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1
 // Linux lets the process use the tiles, and TESSERA_CPU_ISA does not cap the kernels.
 bool amx_int8_usable();
 void gemm_i8_amx(const int8_t* xq, const float* sx, int64_t m, const WeightView& w, int64_t q0, int64_t q1, float* y);
+class PanelOut;
 void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
-                    int64_t q0, int64_t q1, float* y, bool vnni);
+                    int64_t q0, int64_t q1, const PanelOut& out, bool vnni);
+// Backend::gemm_parts on packed int8 panels, for a batch (m > 1) whose parts are whole panels and
+// that does not run on AMX; false, writing nothing, otherwise.
+bool gemm_i8_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts);
 void prepare_weight_f32(WeightView& w);
 // y columns of the packed f32 panels; returns how many leading rows of W it computed (0 when the
 // view is not packed).

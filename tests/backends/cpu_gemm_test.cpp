@@ -140,44 +140,53 @@ TEST(CpuGemm, KQuantsMatchTheDequantizedWeightsWhenActivationsQuantizeExactly) {
 // bit for bit, on one thread or two: the model relies on it for a batch's q|k|v and gate|up. Parts
 // of 48 columns make four-panel tiles span two parts (computed panel by panel); k = 1000 with 40
 // rows takes two passes over k.
-TEST(CpuGemm, GemmPartsGiveTheFusedColumnsBitForBit) {
+// gemm_parts of `weight` (n rows) on x (m rows) into parts of `split` columns, at 1 and 2 threads:
+// each part's rows are the bits of gemm's fused output at its columns.
+void expect_parts_are_the_fused_columns(const Weight& weight, const std::vector<float>& x, int64_t m, int64_t n,
+                                        const std::vector<int64_t>& split) {
   Backend& b = cpu_backend();
+  const auto fused = gemm(weight.view, x.data(), m);
+  DeviceBuffer xb(b, x.size() * sizeof(float));
+  xb.upload(x.data(), x.size() * sizeof(float));
+  for (int threads : {1, 2}) {
+    b.set_threads(threads);
+    std::vector<DeviceBuffer> outs;
+    std::vector<OutputPart> parts;
+    for (int64_t c : split) {
+      outs.emplace_back(b, size_t(m * c) * sizeof(float));
+      parts.push_back({outs.back().as<float>(), c});
+    }
+    ASSERT_TRUE(b.gemm_parts(xb.as<float>(), m, weight.view, parts.data(), parts.size()));
+    int64_t at = 0;
+    for (size_t p = 0; p < split.size(); ++p) {
+      std::vector<float> got(size_t(m * split[p]));
+      b.copy_to_host(got.data(), outs[p].get(), got.size() * sizeof(float));
+      for (int64_t i = 0; i < m; ++i) {
+        ASSERT_EQ(0, std::memcmp(got.data() + i * split[p], fused.data() + i * n + at, size_t(split[p]) * sizeof(float)))
+            << "part " << p << ", row " << i << ", " << threads << " threads";
+      }
+      at += split[p];
+    }
+  }
+  b.set_threads(2);
+}
+
+TEST(CpuGemm, GemmPartsGiveTheFusedColumnsBitForBit) {
   const std::vector<std::vector<int64_t>> splits = {{64, 32, 32}, {128, 48, 80}, {256, 64}};
-  for (const auto& split : splits) {
-    int64_t n = 0;
-    for (int64_t c : split) n += c;
-    for (int64_t m : {2, 13, 40}) {
-      for (int64_t k : {64, 300, 1000}) {
-        SCOPED_TRACE("parts " + std::to_string(split.size()) + " n=" + std::to_string(n) + " m=" + std::to_string(m) +
-                     " k=" + std::to_string(k));
-        const auto w = random_floats(size_t(n * k), uint32_t(n + k));
-        const auto x = random_floats(size_t(m * k), uint32_t(m + k), -3, 3);
-        const Weight weight = make_weight(DType::F32, w, n, k);
-        const auto fused = gemm(weight.view, x.data(), m);
-        DeviceBuffer xb(b, x.size() * sizeof(float));
-        xb.upload(x.data(), x.size() * sizeof(float));
-        for (int threads : {1, 2}) {
-          b.set_threads(threads);
-          std::vector<DeviceBuffer> outs;
-          std::vector<OutputPart> parts;
-          for (int64_t c : split) {
-            outs.emplace_back(b, size_t(m * c) * sizeof(float));
-            parts.push_back({outs.back().as<float>(), c});
-          }
-          ASSERT_TRUE(b.gemm_parts(xb.as<float>(), m, weight.view, parts.data(), parts.size()));
-          int64_t at = 0;
-          for (size_t p = 0; p < split.size(); ++p) {
-            std::vector<float> got(size_t(m * split[p]));
-            b.copy_to_host(got.data(), outs[p].get(), got.size() * sizeof(float));
-            for (int64_t i = 0; i < m; ++i) {
-              ASSERT_EQ(0, std::memcmp(got.data() + i * split[p], fused.data() + i * n + at,
-                                       size_t(split[p]) * sizeof(float)))
-                  << "part " << p << ", row " << i << ", " << threads << " threads";
-            }
-            at += split[p];
-          }
+  // int8: k not a multiple of 64, so that a CPU with AMX runs the panel kernels too (AMX declines).
+  const std::vector<std::pair<DType, std::vector<int64_t>>> weights = {{DType::F32, {64, 300, 1000}},
+                                                                       {DType::I8, {300, 1000}}};
+  for (const auto& [dtype, ks] : weights) {
+    for (const auto& split : splits) {
+      int64_t n = 0;
+      for (int64_t c : split) n += c;
+      for (int64_t m : {2, 13, 40}) {
+        for (int64_t k : ks) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + " parts " + std::to_string(split.size()) + " n=" +
+                       std::to_string(n) + " m=" + std::to_string(m) + " k=" + std::to_string(k));
+          const Weight weight = make_weight(dtype, random_floats(size_t(n * k), uint32_t(n + k)), n, k);
+          expect_parts_are_the_fused_columns(weight, random_floats(size_t(m * k), uint32_t(m + k), -3, 3), m, n, split);
         }
-        b.set_threads(2);
       }
     }
   }
@@ -185,7 +194,7 @@ TEST(CpuGemm, GemmPartsGiveTheFusedColumnsBitForBit) {
 
 // Where the CPU has no split kernel, gemm_parts declines and leaves the parts as they were: one
 // row (decode uses the fused output in place), parts that are not whole panels of 16, parts that
-// do not add up to the weight's rows, and weights that are not packed f32.
+// do not add up to the weight's rows, and weights that are not packed f32 or int8.
 TEST(CpuGemm, GemmPartsDeclinesWhatItCannotSplitAndWritesNothing) {
   Backend& b = cpu_backend();
   const int64_t k = 64;
@@ -205,7 +214,8 @@ TEST(CpuGemm, GemmPartsDeclinesWhatItCannotSplitAndWritesNothing) {
                                    {&f32, 4, {72, 24}, "parts of 72 and 24 columns"},
                                    {&f32, 4, {64, 16}, "parts adding up to 80 of 96 rows"},
                                    {&f16, 4, {64, 32}, "f16 weights"},
-                                   {&i8, 4, {64, 32}, "packed int8 weights"}};
+                                   {&i8, 1, {64, 32}, "one row of int8"},
+                                   {&i8, 4, {72, 24}, "int8 parts of 72 and 24 columns"}};
   for (const Case& c : cases) {
     std::vector<DeviceBuffer> outs;
     std::vector<OutputPart> parts;
