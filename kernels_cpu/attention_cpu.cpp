@@ -120,7 +120,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
 
   float m[kMaxGroup], l[kMaxGroup];
   alignas(32) float acc[kMaxGroup * kMaxHeadDim];
-  alignas(32) float scores[kKeyBlock + 16];
+  alignas(32) float scores[2][kKeyBlock + 16];
   // Key and value rows of every key some query of this task may see, gathered once: the queries
   // of a prefill chunk or a speculative verification share them.
   const bool windowed = a.window > 0 && a.sparse.block == 0;
@@ -149,6 +149,11 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   float sm[kMaxGroup], sl[kMaxGroup];
   thread_local std::vector<float> sacc;
   sacc.resize(size_t(group * hd));
+  // The group's queries scored two at a time where the CPU has that (dot_cols2): hd % 8, as
+  // dot_cols's vector path needs.
+  const bool pairs = transposed && group >= 2 && hd % 8 == 0 && ops.dot_cols2 != nullptr;
+  thread_local std::vector<float> qpairs;
+  if (pairs) qpairs.resize(size_t(group / 2 * hd * 16));
   auto fresh = [&](float* m, float* l, float* acc) {
     std::fill(m, m + group, -INFINITY);
     std::fill(l, l + group, 0.0f);
@@ -157,6 +162,9 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
     const int64_t pos = first_pos + qi;
     const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
+    for (int64_t g = 0; pairs && g + 1 < group; g += 2) {
+      ops.pair_queries(q + g * hd, q + (g + 1) * hd, hd, qpairs.data() + g / 2 * hd * 16);
+    }
     // Online softmax over keys [lo, hi], in chunks of kKeyBlock, continuing the state in m, l, acc.
     auto visit = [&](int64_t lo, int64_t hi, float* m, float* l, float* acc) {
       for (int64_t b = lo; b <= hi; b += kKeyBlock) {
@@ -167,10 +175,17 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
         const float* kchunks = transposed ? kt.data() + (b - first_key) / 8 * 8 * hd : nullptr;
         const void* const* krows = krows_all.data() + (b - first_key);
         const void* const* vrows = vrows_all.data() + (b - first_key);
-        float* sb = scores + skip;
+        float maxes[2];
         for (int64_t g = 0; g < group; ++g) {
-          const float block_max = transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, scores)
-                                             : rows.dot_rows(q + g * hd, krows, n, hd, a.scale, scores);
+          float* const out = scores[g % 2];
+          float* const sb = out + skip;
+          if (pairs && g % 2 == 0 && g + 1 < group) {
+            ops.dot_cols2(qpairs.data() + g / 2 * hd * 16, kchunks, skip + n, skip, hd, a.scale, out, scores[1], maxes);
+          }
+          const float block_max = pairs && (g % 2 == 1 || g + 1 < group)
+                                      ? maxes[g % 2]
+                                  : transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, out)
+                                               : rows.dot_rows(q + g * hd, krows, n, hd, a.scale, out);
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;

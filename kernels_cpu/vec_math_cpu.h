@@ -3,7 +3,9 @@
 // CPU has AVX-512F too, the transposed-key scores and the value sums run on 512-bit vectors with
 // the same per-element arithmetic, so the same bits (attention op over a 2048-token prompt ~8%
 // faster, a cold 512-key decode ~5%: BM_AttentionOp/2048/1, BM_DecodeAttentionCold/512/0 against
-// TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5).
+// TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5), and a GQA group's queries are scored two
+// at a time off one load of each key chunk (dot_cols2: BM_AttentionOp/2048/1, 8 heads on 2, 52-60
+// -> 42-45 ms, 3 alternating runs).
 #pragma once
 
 #include <immintrin.h>
@@ -37,6 +39,12 @@ struct VecOps {
   float (*dot_cols)(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
+  // Two queries sharing their keys (a GQA group's), where the CPU has a faster way to score them
+  // together (null otherwise): pair_queries lays qa and qb out once (hd * 16 floats at qpair), and
+  // dot_cols2 then gives each its dot_cols scores and max (maxes[0], maxes[1]), the same bits.
+  void (*pair_queries)(const float* qa, const float* qb, int64_t hd, float* qpair);
+  void (*dot_cols2)(const float* qpair, const float* kt, int n, int skip, int64_t hd, float scale, float* out_a,
+                    float* out_b, float* maxes);
 
   const RowOps& rows(DType t) const { return t == DType::F16 ? f16 : t == DType::BF16 ? bf16 : f32; }
 };
