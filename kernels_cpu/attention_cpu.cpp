@@ -193,8 +193,13 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
             for (int64_t d = 0; d < hd; ++d) ag[d] *= correction;
           }
           l[g] = l[g] * correction + ops.exp_shift(sb, n, new_m);
-          rows.weighted_sum(sb, vrows, n, hd, ag);
           m[g] = new_m;
+          // A pair's value sums after both its queries' weights (each query's steps in order).
+          if (!pairs || rows.weighted_sum2 == nullptr || (g % 2 == 0 && g + 1 == group)) {
+            rows.weighted_sum(sb, vrows, n, hd, ag);
+          } else if (g % 2 == 1) {
+            rows.weighted_sum2(scores[0] + skip, sb, vrows, n, hd, ag - hd, ag);
+          }
         }
       }
     };

@@ -419,6 +419,32 @@ struct WeightedCols512 {
   };
 };
 
+// WeightedCols512 for two queries: each row's slice loaded once for both.
+template <class Row>
+struct WeightedColsPair512 {
+  template <int C>
+  struct Run {
+    TESSERA_AVX512 static void go(int64_t d0, const float* pa, const float* pb, const void* const* rows, int n,
+                                  float* acc_a, float* acc_b) {
+      __m512 a[C], b[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc_a + d0 + 16 * c), b[c] = _mm512_loadu_ps(acc_b + d0 + 16 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m512 wa = _mm512_set1_ps(pa[j]), wb = _mm512_set1_ps(pb[j]);
+        const void* r = rows[j];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const __m512 v = load16<Row>(r, d0 + 16 * c);
+          a[c] = _mm512_fmadd_ps(wa, v, a[c]);
+          b[c] = _mm512_fmadd_ps(wb, v, b[c]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_a + d0 + 16 * c, a[c]), _mm512_storeu_ps(acc_b + d0 + 16 * c, b[c]);
+    }
+  };
+};
+
 // weighted_sum_avx2 for heads of a multiple of 16 past 16 (smaller ones, and others, take it).
 template <class Row>
 TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows, int n, int64_t hd, float* acc) {
@@ -427,11 +453,22 @@ TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows,
 }
 
 template <class Row>
-constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>};
+TESSERA_AVX512 void weighted_sum2_avx512(const float* pa, const float* pb, const void* const* rows, int n, int64_t hd,
+                                         float* acc_a, float* acc_b) {
+  if (hd % 16 != 0 || hd <= 16) {
+    weighted_sum_avx2<Row>(pa, rows, n, hd, acc_a);
+    return weighted_sum_avx2<Row>(pb, rows, n, hd, acc_b);
+  }
+  column_runs<16, WeightedColsPair512<Row>::template Run>(hd, pa, pb, rows, n, acc_a, acc_b);
+}
+
 template <class Row>
-constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>};
+constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>, nullptr};
 template <class Row>
-constexpr RowOps avx512_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx512<Row>};
+constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>, nullptr};
+template <class Row>
+constexpr RowOps avx512_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx512<Row>,
+                             weighted_sum2_avx512<Row>};
 
 }  // namespace
 

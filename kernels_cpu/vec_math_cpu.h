@@ -5,7 +5,8 @@
 // faster, a cold 512-key decode ~5%: BM_AttentionOp/2048/1, BM_DecodeAttentionCold/512/0 against
 // TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5), and a GQA group's queries are scored two
 // at a time off one load of each key chunk (dot_cols2: BM_AttentionOp/2048/1, 8 heads on 2, 52-60
-// -> 42-45 ms, 3 alternating runs).
+// -> 42-45 ms, 3 alternating runs) and their value sums read each row once for both
+// (weighted_sum2: 58 -> 46-53 ms).
 #pragma once
 
 #include <immintrin.h>
@@ -30,6 +31,10 @@ struct RowOps {
   void (*transpose_rows)(const void* const* rows, int64_t n, int64_t hd, float* kt);
   // acc[0..hd) += sum_j p[j] * rows[j][0..hd).
   void (*weighted_sum)(const float* p, const void* const* rows, int n, int64_t hd, float* acc);
+  // weighted_sum for two queries over the same rows (a GQA pair, see VecOps::dot_cols2), each
+  // row read once for both; the same bits as two weighted_sum calls. Null where not faster.
+  void (*weighted_sum2)(const float* pa, const float* pb, const void* const* rows, int n, int64_t hd, float* acc_a,
+                        float* acc_b);
 };
 
 struct VecOps {
