@@ -49,19 +49,23 @@ AttentionArgs one_sequence(const float* q, float* out, int64_t heads, int64_t wi
 
 struct Shape {
   int64_t n_kv_heads, head_dim, window;
+  int64_t n_heads = 8;
 };
 
 TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
   Backend& b = cpu_backend();
-  constexpr int64_t kHeads = 8, kBlock = 16, kContext = 150, kQueries = 7;
+  constexpr int64_t kBlock = 16, kContext = 150, kQueries = 7;
   const int threads_before = omp_get_max_threads();
   // Decode of heads wider than 16 walks bands of kv heads (GQA: 4 x 64 and 4 x 24 with a group of
-  // 2); prefill reads transposed keys.
+  // 2); prefill reads transposed keys, a GQA group's queries two at a time where the CPU has
+  // AVX-512 (groups of 3: a pair and one alone).
   for (const Shape& sh : {Shape{8, 8, 0}, Shape{8, 64, 0}, Shape{4, 8, 0}, Shape{1, 64, 0}, Shape{8, 64, 37},
-                          Shape{8, 12, 0}, Shape{2, 12, 0}, Shape{4, 64, 0}, Shape{4, 24, 37}}) {
-    SCOPED_TRACE("kv heads " + std::to_string(sh.n_kv_heads) + " head_dim " + std::to_string(sh.head_dim) +
-                 " window " + std::to_string(sh.window));
-    const int64_t kv_row = sh.n_kv_heads * sh.head_dim, q_row = kHeads * sh.head_dim;
+                          Shape{8, 12, 0}, Shape{2, 12, 0}, Shape{4, 64, 0}, Shape{4, 24, 37}, Shape{4, 64, 0, 12},
+                          Shape{4, 24, 0, 12}}) {
+    const int64_t heads = sh.n_heads;
+    SCOPED_TRACE("heads " + std::to_string(heads) + " kv heads " + std::to_string(sh.n_kv_heads) + " head_dim " +
+                 std::to_string(sh.head_dim) + " window " + std::to_string(sh.window));
+    const int64_t kv_row = sh.n_kv_heads * sh.head_dim, q_row = heads * sh.head_dim;
     const int64_t blocks = (kContext + kBlock - 1) / kBlock;
     std::vector<int32_t> table(static_cast<size_t>(blocks)), slots(static_cast<size_t>(kContext));
     for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t((i * 7 + 3) % blocks);  // scattered (7 and 10 blocks: coprime)
@@ -79,7 +83,7 @@ TEST(CpuAttention, AQueryGetsTheSameBitsAloneOrWithOthers) {
       const AttentionSeqDesc desc{0, int32_t(q_len), int32_t(kContext - kQueries + q0 + q_len), 0};
       DeviceBuffer db = upload(std::vector<AttentionSeqDesc>{desc});
       DeviceBuffer ob(b, size_t(q_len * q_row) * 4);
-      const AttentionArgs a = one_sequence(qb.as<float>() + q0 * q_row, ob.as<float>(), kHeads, sh.window, db, tb, desc);
+      const AttentionArgs a = one_sequence(qb.as<float>() + q0 * q_row, ob.as<float>(), heads, sh.window, db, tb, desc);
       b.attention(a, kv);
       std::vector<float> out(size_t(q_len * q_row));
       b.copy_to_host(out.data(), ob.get(), out.size() * 4);
