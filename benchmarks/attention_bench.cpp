@@ -5,7 +5,8 @@
 //                     `sparse` attention plugins (keep_ratio 0.25).
 //   BM_Decode         decode tokens/s after a long prompt with each plugin (sparse decodes densely,
 //                     so this should not move).
-//   BM_DecodeAttentionCold  decode attention of a 110m-shaped model over a cold KV cache (f32, f16, bf16).
+//   BM_DecodeAttentionCold  decode attention of a 110m-shaped model over a cold KV cache (f32, f16, bf16);
+//                     BM_DecodeAttentionColdGqa the same with 4 kv heads (110m-gqa).
 // The model is synthetic (long context, small width, so attention dominates as it does at long
 // context in real models); it is written once to a temporary file. Shape: env TESSERA_BENCH_LONG_MODEL
 // replaces it with any GGUF of context > 8192.
@@ -179,16 +180,16 @@ BENCHMARK(BM_AttentionOp)
 // (An earlier version read 8 MiB on one thread, a loop the compiler removed since it knew the
 // buffer's contents: it timed attention over hot K/V, 2-2.5x faster.) Arg: context positions. Only
 // the attention calls are timed; KV_GB is the K and V bytes they read.
-void BM_DecodeAttentionCold(benchmark::State& state) {
+void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
   const int64_t ctx = state.range(0);
   const DType dtype = state.range(1) == 0 ? DType::F32 : state.range(1) == 1 ? DType::F16 : DType::BF16;
-  state.SetLabel(std::string("kv ") + std::string(dtype_name(dtype)));
+  state.SetLabel(std::string("kv ") + std::string(dtype_name(dtype)) + ", 12 heads on " + std::to_string(kv_heads));
   constexpr int64_t kLayers = 12, kHeads = 12, kHeadDim = 64, kSlots = 1024;
   const size_t elem = dtype_row_bytes(dtype, 1);
-  const size_t pool = size_t(kSlots * kHeads * kHeadDim) * elem;
+  const size_t pool = size_t(kSlots * kv_heads * kHeadDim) * elem;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> host(size_t(kSlots * kHeads * kHeadDim));
+  std::vector<float> host(size_t(kSlots * kv_heads * kHeadDim));
   for (auto& v : host) v = dist(rng);
   std::vector<uint16_t> half(host.size());
   for (size_t i = 0; i < host.size(); ++i) half[i] = dtype == DType::F16 ? f32_to_fp16(host[i]) : f32_to_bf16(host[i]);
@@ -220,7 +221,7 @@ void BM_DecodeAttentionCold(benchmark::State& state) {
       kv.dtype = dtype;
       kv.num_blocks = 1;
       kv.block_size = kSlots;
-      kv.n_kv_heads = kHeads;
+      kv.n_kv_heads = kv_heads;
       kv.head_dim = kHeadDim;
       AttentionArgs a;
       a.q = q.data();
@@ -240,14 +241,18 @@ void BM_DecodeAttentionCold(benchmark::State& state) {
     state.SetIterationTime(seconds);
   }
   benchmark::DoNotOptimize(sink);
-  const double bytes = double(kLayers * ctx * kHeads * kHeadDim) * 2 * double(elem);
+  const double bytes = double(kLayers * ctx * kv_heads * kHeadDim) * 2 * double(elem);
   state.counters["KV_GB"] = benchmark::Counter(bytes * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
+void BM_DecodeAttentionCold(benchmark::State& state) { decode_attention_cold(state, 12); }
+// The same with 4 kv heads (110m-gqa's), each read by a group of 3 queries.
+void BM_DecodeAttentionColdGqa(benchmark::State& state) { decode_attention_cold(state, 4); }
 // Args: context, cache type (0 f32, 1 f16, 2 bf16).
 BENCHMARK(BM_DecodeAttentionCold)
     ->ArgsProduct({{40, 128, 512}, {0, 1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeAttentionColdGqa)->ArgsProduct({{128, 512}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // --- whole model -----------------------------------------------------------------------------
 

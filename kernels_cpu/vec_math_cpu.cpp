@@ -452,6 +452,45 @@ TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows,
   column_runs<16, WeightedCols512<Row>::template Run>(hd, p, rows, n, acc);
 }
 
+// A row's 8 elements from d on in both halves of a vector.
+template <class Row>
+TESSERA_AVX512 inline __m512 load8_twice(const void* r, int64_t d) {
+  const __m256 v = Row::load8(r, d);
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(v)), _mm256_castps_pd(v), 1));
+}
+
+// dot_rows_avx2's eight keys for two queries at once: lanes 0-7 query a's 8 lane chains, 8-15
+// query b's, each summed in hsum8x256's order, so the same bits; other key counts take dot_rows_avx2.
+template <class Row>
+TESSERA_AVX512 void dot_rows2_avx512(const float* qa, const float* qb, const void* const* rows, int n, int64_t hd,
+                                     float scale, float* out_a, float* out_b, float* maxes) {
+  if (hd % 8 != 0 || n != 8) {
+    maxes[0] = dot_rows_avx2<Row>(qa, rows, n, hd, scale, out_a);
+    maxes[1] = dot_rows_avx2<Row>(qb, rows, n, hd, scale, out_b);
+    return;
+  }
+  __m512 a[8];
+#pragma GCC unroll 8
+  for (int u = 0; u < 8; ++u) a[u] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 8) {
+    const __m512 qv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(qa + d))),
+                                                          _mm256_castps_pd(_mm256_loadu_ps(qb + d)), 1));
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; ++u) a[u] = _mm512_fmadd_ps(qv, load8_twice<Row>(rows[u], d), a[u]);
+  }
+  __m256 lo[8], hi[8];
+#pragma GCC unroll 8
+  for (int u = 0; u < 8; ++u) {
+    lo[u] = _mm512_castps512_ps256(a[u]);
+    hi[u] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1));
+  }
+  const __m256 vscale = _mm256_set1_ps(scale);
+  _mm256_storeu_ps(out_a, _mm256_mul_ps(hsum8x256(lo), vscale));
+  _mm256_storeu_ps(out_b, _mm256_mul_ps(hsum8x256(hi), vscale));
+  maxes[0] = max256(_mm256_loadu_ps(out_a));
+  maxes[1] = max256(_mm256_loadu_ps(out_b));
+}
+
 template <class Row>
 TESSERA_AVX512 void weighted_sum2_avx512(const float* pa, const float* pb, const void* const* rows, int n, int64_t hd,
                                          float* acc_a, float* acc_b) {
@@ -463,12 +502,13 @@ TESSERA_AVX512 void weighted_sum2_avx512(const float* pa, const float* pb, const
 }
 
 template <class Row>
-constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>, nullptr};
+constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>, nullptr,
+                               nullptr};
 template <class Row>
-constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>, nullptr};
+constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>, nullptr, nullptr};
 template <class Row>
 constexpr RowOps avx512_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx512<Row>,
-                             weighted_sum2_avx512<Row>};
+                             dot_rows2_avx512<Row>, weighted_sum2_avx512<Row>};
 
 }  // namespace
 

@@ -31,6 +31,10 @@ struct RowOps {
   void (*transpose_rows)(const void* const* rows, int64_t n, int64_t hd, float* kt);
   // acc[0..hd) += sum_j p[j] * rows[j][0..hd).
   void (*weighted_sum)(const float* p, const void* const* rows, int n, int64_t hd, float* acc);
+  // dot_rows for two queries over the same rows (a GQA pair), each row read once for both; the same
+  // bits as two dot_rows calls, maxes[0] and maxes[1] theirs. Null where not faster.
+  void (*dot_rows2)(const float* qa, const float* qb, const void* const* rows, int n, int64_t hd, float scale,
+                    float* out_a, float* out_b, float* maxes);
   // weighted_sum for two queries over the same rows (a GQA pair, see VecOps::dot_cols2), each
   // row read once for both; the same bits as two weighted_sum calls. Null where not faster.
   void (*weighted_sum2)(const float* pa, const float* pb, const void* const* rows, int n, int64_t hd, float* acc_a,

@@ -100,6 +100,37 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   EXPECT_NE(unknown.text.find("TESSERA_CPU_ISA is 'avx512'"), std::string::npos) << unknown.text;
 }
 
+TEST(Cli, CpuIsaCapKeepsEveryLogprobToTheBit) {
+  // Where the CPU has AVX-512, the f32 GEMM tiles and attention (512-bit score and value sums, a GQA
+  // group's queries two at a time) must compute what their AVX2 twins compute, to the bit: the same
+  // log-probabilities with TESSERA_CPU_ISA=avx2 as without, over a prompt long enough for key
+  // segments (heads of 64, groups of 3), with an f32 and an f16 cache. (Without AVX-512 both runs
+  // take the AVX2 code.)
+  const auto model = std::filesystem::temp_directory_path() / ("tessera_isa_gqa_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_EQ(tessera_cmd("synth --preset tiny --dim 384 --heads 6 --kv-heads 2 --layers 2 --vocab 512 --context 512 -o '" +
+                        model.string() + "'")
+                .status,
+            0);
+  const std::string prompt = "Once upon a time there was a little girl named Lily who loved to play in the park "
+                             "with her friends and her dog every single day of the summer";
+  const auto logprobs = [](const Output& o) {
+    return nlohmann::json::parse(o.text.substr(o.text.find('{')))["logprobs"];
+  };
+  for (const char* pipeline : {"default.yaml", "kv-f16.yaml"}) {
+    const std::string run = std::string("run --format json --logprobs 2 -n 6 -p pipelines/") + pipeline + " -m '" +
+                            model.string() + "' '" + prompt + " " + prompt + "'";
+    const Output any = tessera_cmd(run);
+    ::setenv("TESSERA_CPU_ISA", "avx2", 1);
+    const Output capped = tessera_cmd(run);
+    ::unsetenv("TESSERA_CPU_ISA");
+    ASSERT_EQ(any.status, 0) << any.text;
+    ASSERT_EQ(capped.status, 0) << capped.text;
+    ASSERT_FALSE(logprobs(any).empty()) << any.text;
+    EXPECT_EQ(logprobs(capped), logprobs(any)) << pipeline;
+  }
+  std::filesystem::remove(model);
+}
+
 TEST(Cli, CpuTuningKeepsTheTokensOfEveryWeightFormatAndRefusesAnUnknownOne) {
   // TESSERA_CPU_TUNING picks how decode GEMVs read their weights (streams, software prefetch), not
   // what they compute: amd and intel give the same tokens for f32, int8, int4 and GGUF Q8_0/Q4_0
