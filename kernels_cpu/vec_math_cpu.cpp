@@ -398,7 +398,9 @@ TESSERA_AVX512 inline __m512 load16<BF16Row>(const void* r, int64_t d) {
 }
 
 // WeightedCols256 on 512-bit vectors: acc[d0, d0 + 16C), each element the same chain of FMAs over
-// the keys in order, so the same bits with half the instructions.
+// the keys in order, so the same bits with half the instructions. (The 512-bit functions repeat
+// their AVX2 twins' loops: a function's instruction set is fixed where it is defined, and an AVX2
+// twin compiled for AVX-512 could use instructions an AVX2-only CPU lacks.)
 template <class Row>
 struct WeightedCols512 {
   template <int C>

@@ -59,6 +59,14 @@ TEST(Cli, ModelFlagOverridesThePipeline) {
   EXPECT_EQ(j["completion_token_ids"], nlohmann::json({319, 459, 355, 260}));
 }
 
+// `args` run with the environment variable `name` set to `value`, unset again after.
+Output tessera_cmd_with_env(const char* name, const char* value, const std::string& args) {
+  ::setenv(name, value, 1);
+  const Output o = tessera_cmd(args);
+  ::unsetenv(name);
+  return o;
+}
+
 TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   // TESSERA_CPU_ISA=avx2 runs the int kernels as on a CPU without AVX-512 VNNI (or AMX): the same tokens
   // (both kernels compute the same exact dots), and kernel vnni refused at load, naming the tensor.
@@ -120,9 +128,7 @@ TEST(Cli, CpuIsaCapKeepsEveryLogprobToTheBit) {
     const std::string run = std::string("run --format json --logprobs 2 -n 6 -p pipelines/") + pipeline + " -m '" +
                             model.string() + "' '" + prompt + " " + prompt + "'";
     const Output any = tessera_cmd(run);
-    ::setenv("TESSERA_CPU_ISA", "avx2", 1);
-    const Output capped = tessera_cmd(run);
-    ::unsetenv("TESSERA_CPU_ISA");
+    const Output capped = tessera_cmd_with_env("TESSERA_CPU_ISA", "avx2", run);
     ASSERT_EQ(any.status, 0) << any.text;
     ASSERT_EQ(capped.status, 0) << capped.text;
     ASSERT_FALSE(logprobs(any).empty()) << any.text;
@@ -145,11 +151,8 @@ TEST(Cli, CpuTuningKeepsTheTokensOfEveryWeightFormatAndRefusesAnUnknownOne) {
       {"gguf.yaml", test::kStoriesQ8}, {"gguf.yaml", q4.string()}};
   for (const auto& [pipeline, model] : runs) {
     const std::string run = std::string("run --format json -n 16 -p pipelines/") + pipeline + " -m '" + model + "' 'Once upon'";
-    ::setenv("TESSERA_CPU_TUNING", "amd", 1);
-    const Output amd = tessera_cmd(run);
-    ::setenv("TESSERA_CPU_TUNING", "intel", 1);
-    const Output intel = tessera_cmd(run);
-    ::unsetenv("TESSERA_CPU_TUNING");
+    const Output amd = tessera_cmd_with_env("TESSERA_CPU_TUNING", "amd", run);
+    const Output intel = tessera_cmd_with_env("TESSERA_CPU_TUNING", "intel", run);
     ASSERT_EQ(amd.status, 0) << amd.text;
     ASSERT_EQ(intel.status, 0) << intel.text;
     EXPECT_EQ(ids(intel), ids(amd)) << pipeline << " " << model;
