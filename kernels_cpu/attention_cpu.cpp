@@ -12,6 +12,13 @@
 // in the same order: a query's output has the same bits alone or with others, whatever the number
 // of threads.
 //
+// With AVX-512 (VecOps::dot_cols2, RowOps::dot_rows2 / weighted_sum2) two queries that share keys
+// go together, each key and value row read once for both: a GQA group's queries in pairs (prefill
+// and decode), and in MHA prefill a head's consecutive positions whose keys are cut into the same
+// segments (two_queries). Every step of each query is the one-query path's, so the same bits
+// (BM_AttentionOp/2048/1, 8 heads on 2: 52-60 -> 40-45 ms; BM_Prefill/2048/0, 4 heads of 64 without
+// groups: 251-293 -> 199-201 ms; 3 alternating runs each, Zen 5).
+//
 // Decode reads its cold K/V at 15-21 GB/s (latency, not bandwidth). Loading those rows during the
 // preceding q|k|v GEMV (its threads touching a share of the lines per claim of weights) was
 // measured and not kept: at 7-135 keys attention took 30-40% less time but the GEMV as much more
@@ -148,19 +155,85 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // A segment's states, before they are folded into m, l and acc.
   float sm[kMaxGroup], sl[kMaxGroup];
   thread_local std::vector<float> sacc;
-  sacc.resize(size_t(group * hd));
+  sacc.resize(size_t(std::max<int64_t>(group, 2) * hd));
   // The group's queries scored two at a time where the CPU has that (dot_cols2): hd % 8, as
   // dot_cols's vector path needs.
   const bool pairs = transposed && group >= 2 && hd % 8 == 0 && ops.dot_cols2 != nullptr;
+  // Without a group (MHA), consecutive positions two at a time (two_queries) where their keys are
+  // cut into the same segments, and where a value sum cut in two gives the bits of one (column
+  // chains: heads of a multiple of 16 past 16).
+  const bool position_pairs = transposed && group == 1 && !sparse && a.window == 0 && hd % 16 == 0 && hd > 16 &&
+                              ops.dot_cols2 != nullptr && rows.weighted_sum2 != nullptr;
   thread_local std::vector<float> qpairs;
-  if (pairs) qpairs.resize(size_t(group / 2 * hd * 16));
+  if (pairs || position_pairs) qpairs.resize(size_t(std::max<int64_t>(group / 2, 1) * hd * 16));
   auto fresh = [&](float* m, float* l, float* acc) {
     std::fill(m, m + group, -INFINITY);
     std::fill(l, l + group, 0.0f);
     std::fill(acc, acc + group * hd, 0.0f);
   };
+  // Queries qi and qi + 1 of one head (position_pairs): each block of keys scored for both at once
+  // (dot_cols2) and its values summed for both (weighted_sum2), the later query's extra last key
+  // summed after; every step of each query as the one-query path below takes it, so the same bits.
+  auto two_queries = [&](int64_t qi) {
+    const int64_t pa = first_pos + qi, pb = pa + 1;
+    const float* qa = a.q + (s.q_start + qi) * q_stride + t.kv_head * hd;
+    ops.pair_queries(qa, qa + q_stride, hd, qpairs.data());
+    // Online softmax over keys [lo, hi_a] for query a (none when hi_a < lo) and [lo, hi_b] for b.
+    auto visit2 = [&](int64_t lo, int64_t hi_a, int64_t hi_b, float* m2, float* l2, float* const* acc2) {
+      for (int64_t b = lo; b <= hi_b; b += kKeyBlock) {
+        const int n2[2] = {b <= hi_a ? static_cast<int>(std::min<int64_t>(kKeyBlock, hi_a + 1 - b)) : 0,
+                           static_cast<int>(std::min<int64_t>(kKeyBlock, hi_b + 1 - b))};
+        const int skip = static_cast<int>((b - first_key) % 8);
+        const float* kchunks = kt.data() + (b - first_key) / 8 * 8 * hd;
+        const void* const* vrows = vrows_all.data() + (b - first_key);
+        float maxes[2];
+        if (n2[0] > 0) {
+          ops.dot_cols2(qpairs.data(), kchunks, skip + n2[0], skip + n2[1], skip, hd, a.scale, scores[0], scores[1], maxes);
+        } else {
+          maxes[1] = ops.dot_cols(qa + q_stride, kchunks, skip + n2[1], skip, hd, a.scale, scores[1]);
+        }
+        for (int x = 0; x < 2; ++x) {
+          if (n2[x] == 0) continue;
+          const float new_m = std::max(m2[x], maxes[x]);
+          const float correction = std::exp(m2[x] - new_m);
+          if (correction != 1.0f) {
+            for (int64_t d = 0; d < hd; ++d) acc2[x][d] *= correction;
+          }
+          l2[x] = l2[x] * correction + ops.exp_shift(scores[x] + skip, n2[x], new_m);
+          m2[x] = new_m;
+        }
+        if (n2[0] > 0) rows.weighted_sum2(scores[0] + skip, scores[1] + skip, vrows, n2[0], hd, acc2[0], acc2[1]);
+        if (n2[1] > n2[0]) rows.weighted_sum(scores[1] + skip + n2[0], vrows + n2[0], n2[1] - n2[0], hd, acc2[1]);
+      }
+    };
+    const int64_t seg = segment_keys(pa + 1);  // = segment_keys(pb + 1): the caller checked
+    float m2[2], l2[2], sm2[2], sl2[2];
+    float* const acc2[2] = {acc, acc + hd};
+    float* const sacc2[2] = {sacc.data(), sacc.data() + hd};
+    auto fresh2 = [&](float* m, float* l, float* const* acc) {
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.0f;
+      std::fill(acc[0], acc[0] + hd, 0.0f);
+      std::fill(acc[1], acc[1] + hd, 0.0f);
+    };
+    fresh2(m2, l2, acc2);
+    visit2(0, std::min(pa, seg - 1), std::min(pb, seg - 1), m2, l2, acc2);
+    for (int64_t s0 = seg; s0 <= pb; s0 += seg) {
+      fresh2(sm2, sl2, sacc2);
+      visit2(s0, s0 <= pa ? std::min(pa, s0 + seg - 1) : s0 - 1, std::min(pb, s0 + seg - 1), sm2, sl2, sacc2);
+      if (s0 <= pa) fold_segment(m2[0], l2[0], acc2[0], sm2[0], sl2[0], sacc2[0], hd);
+      fold_segment(m2[1], l2[1], acc2[1], sm2[1], sl2[1], sacc2[1], hd);
+    }
+    float* out = a.out + (s.q_start + qi) * q_stride + t.kv_head * hd;
+    finish_query(acc2[0], l2[0], hd, out);
+    finish_query(acc2[1], l2[1], hd, out + q_stride);
+  };
   for (int64_t qi = t.q_begin; qi < t.q_end; ++qi) {
     const int64_t pos = first_pos + qi;
+    if (position_pairs && qi + 1 < t.q_end && segment_keys(pos + 1) == segment_keys(pos + 2)) {
+      two_queries(qi++);
+      continue;
+    }
     const float* q = a.q + (s.q_start + qi) * q_stride + t.kv_head * group * hd;
     for (int64_t g = 0; pairs && g + 1 < group; g += 2) {
       ops.pair_queries(q + g * hd, q + (g + 1) * hd, hd, qpairs.data() + g / 2 * hd * 16);
@@ -180,7 +253,8 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
           float* const out = scores[g % 2];
           float* const sb = out + skip;
           if (pairs && g % 2 == 0 && g + 1 < group) {
-            ops.dot_cols2(qpairs.data() + g / 2 * hd * 16, kchunks, skip + n, skip, hd, a.scale, out, scores[1], maxes);
+            ops.dot_cols2(qpairs.data() + g / 2 * hd * 16, kchunks, skip + n, skip + n, skip, hd, a.scale, out,
+                          scores[1], maxes);
           }
           const float block_max = pairs && (g % 2 == 1 || g + 1 < group)
                                       ? maxes[g % 2]

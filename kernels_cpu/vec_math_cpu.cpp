@@ -268,10 +268,10 @@ TESSERA_AVX512 void pair_queries_avx512(const float* qa, const float* qb, int64_
 // Two queries against one chunk of 8 keys per step: the chunk loaded once into both halves of a
 // vector, lanes 0-7 query a's chains, 8-15 query b's, each the chains and sum of
 // chunk_scores_avx2, so the same bits with a quarter of the loads and half the FMAs of two dot_cols.
-TESSERA_AVX512 void dot_cols2_avx512(const float* qpair, const float* kt, int n, int skip, int64_t hd, float scale,
-                                     float* out_a, float* out_b, float* maxes) {
+TESSERA_AVX512 void dot_cols2_avx512(const float* qpair, const float* kt, int n_a, int n_b, int skip, int64_t hd,
+                                     float scale, float* out_a, float* out_b, float* maxes) {
   const __m512 vscale = _mm512_set1_ps(scale);
-  for (int j = 0; j < n; j += 8) {
+  for (int j = 0; j < n_b; j += 8) {
     const float* c = kt + j * hd;
     __m512 a[8];
 #pragma GCC unroll 8
@@ -289,8 +289,8 @@ TESSERA_AVX512 void dot_cols2_avx512(const float* qpair, const float* kt, int n,
     _mm256_storeu_ps(out_a + j, _mm512_castps512_ps256(sum));
     _mm256_storeu_ps(out_b + j, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
   }
-  maxes[0] = scores_max(out_a, n, skip);
-  maxes[1] = scores_max(out_b, n, skip);
+  maxes[0] = scores_max(out_a, n_a, skip);
+  maxes[1] = scores_max(out_b, n_b, skip);
 }
 
 TESSERA_AVX2 float exp_shift_avx2(float* s, int n, float shift) {

@@ -48,12 +48,13 @@ struct VecOps {
   float (*dot_cols)(const float* q, const float* kt, int n, int skip, int64_t hd, float scale, float* out);
   // s[j] = exp(s[j] - shift); returns the sum.
   float (*exp_shift)(float* s, int n, float shift);
-  // Two queries sharing their keys (a GQA group's), where the CPU has a faster way to score them
-  // together (null otherwise): pair_queries lays qa and qb out once (hd * 16 floats at qpair), and
-  // dot_cols2 then gives each its dot_cols scores and max (maxes[0], maxes[1]), the same bits.
+  // Two queries sharing their keys (a GQA group's, or consecutive positions of one head), where the
+  // CPU has a faster way to score them together (null otherwise): pair_queries lays qa and qb out
+  // once (hd * 16 floats at qpair), and dot_cols2 then gives each its dot_cols scores and max over
+  // its own n (maxes[0] over [skip, n_a), maxes[1] over [skip, n_b); n_a <= n_b), the same bits.
   void (*pair_queries)(const float* qa, const float* qb, int64_t hd, float* qpair);
-  void (*dot_cols2)(const float* qpair, const float* kt, int n, int skip, int64_t hd, float scale, float* out_a,
-                    float* out_b, float* maxes);
+  void (*dot_cols2)(const float* qpair, const float* kt, int n_a, int n_b, int skip, int64_t hd, float scale,
+                    float* out_a, float* out_b, float* maxes);
 
   const RowOps& rows(DType t) const { return t == DType::F16 ? f16 : t == DType::BF16 ? bf16 : f32; }
 };

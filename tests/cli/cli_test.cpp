@@ -109,32 +109,42 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
 }
 
 TEST(Cli, CpuIsaCapKeepsEveryLogprobToTheBit) {
-  // Where the CPU has AVX-512, the f32 GEMM tiles and attention (512-bit score and value sums, a GQA
-  // group's queries two at a time) must compute what their AVX2 twins compute, to the bit: the same
-  // log-probabilities with TESSERA_CPU_ISA=avx2 as without, over a prompt long enough for key
-  // segments (heads of 64, groups of 3), with an f32 and an f16 cache. (Without AVX-512 both runs
-  // take the AVX2 code.)
-  const auto model = std::filesystem::temp_directory_path() / ("tessera_isa_gqa_" + std::to_string(::getpid()) + ".gguf");
-  ASSERT_EQ(tessera_cmd("synth --preset tiny --dim 384 --heads 6 --kv-heads 2 --layers 2 --vocab 512 --context 512 -o '" +
-                        model.string() + "'")
-                .status,
-            0);
-  const std::string prompt = "Once upon a time there was a little girl named Lily who loved to play in the park "
-                             "with her friends and her dog every single day of the summer";
-  const auto logprobs = [](const Output& o) {
-    return nlohmann::json::parse(o.text.substr(o.text.find('{')))["logprobs"];
+  // Where the CPU has AVX-512, the f32 GEMM tiles and attention (512-bit score and value sums; a GQA
+  // group's queries, or an MHA head's consecutive positions, two at a time) must compute what their
+  // AVX2 twins compute, to the bit: the same log-probabilities with TESSERA_CPU_ISA=avx2 as without,
+  // with an f32 and an f16 cache, for heads of 64 in groups of 3 over a 191-token prompt, and
+  // without groups over 760 tokens (segments of 96 keys: blocks of 64 and 32, and pairs whose later
+  // query starts a block or a segment alone). (Without AVX-512 both runs take the AVX2 code.)
+  const std::string sentence = "Once upon a time there was a little girl named Lily who loved to play in the park "
+                               "with her friends and her dog every single day of the summer ";
+  struct Case {
+    const char* shape;
+    int repeats;
   };
-  for (const char* pipeline : {"default.yaml", "kv-f16.yaml"}) {
-    const std::string run = std::string("run --format json --logprobs 2 -n 6 -p pipelines/") + pipeline + " -m '" +
-                            model.string() + "' '" + prompt + " " + prompt + "'";
-    const Output any = tessera_cmd(run);
-    const Output capped = tessera_cmd_with_env("TESSERA_CPU_ISA", "avx2", run);
-    ASSERT_EQ(any.status, 0) << any.text;
-    ASSERT_EQ(capped.status, 0) << capped.text;
-    ASSERT_FALSE(logprobs(any).empty()) << any.text;
-    EXPECT_EQ(logprobs(capped), logprobs(any)) << pipeline;
+  for (const Case& c : {Case{"--heads 6 --kv-heads 2", 2}, Case{"--heads 6 --kv-heads 6", 8}}) {
+    const auto model = std::filesystem::temp_directory_path() / ("tessera_isa_" + std::to_string(::getpid()) + ".gguf");
+    ASSERT_EQ(tessera_cmd(std::string("synth --preset tiny --dim 384 ") + c.shape +
+                          " --layers 2 --vocab 512 --context 1024 -o '" + model.string() + "'")
+                  .status,
+              0);
+    std::string prompt;
+    for (int i = 0; i < c.repeats; ++i) prompt += sentence;
+    const auto logprobs = [](const Output& o) {
+      return nlohmann::json::parse(o.text.substr(o.text.find('{')))["logprobs"];
+    };
+    for (const char* pipeline : {"default.yaml", "kv-f16.yaml"}) {
+      SCOPED_TRACE(std::string(c.shape) + ", " + pipeline);
+      const std::string run = std::string("run --format json --logprobs 2 -n 6 -p pipelines/") + pipeline + " -m '" +
+                              model.string() + "' '" + prompt + "'";
+      const Output any = tessera_cmd(run);
+      const Output capped = tessera_cmd_with_env("TESSERA_CPU_ISA", "avx2", run);
+      ASSERT_EQ(any.status, 0) << any.text;
+      ASSERT_EQ(capped.status, 0) << capped.text;
+      ASSERT_FALSE(logprobs(any).empty()) << any.text;
+      EXPECT_EQ(logprobs(capped), logprobs(any));
+    }
+    std::filesystem::remove(model);
   }
-  std::filesystem::remove(model);
 }
 
 TEST(Cli, CpuTuningKeepsTheTokensOfEveryWeightFormatAndRefusesAnUnknownOne) {
