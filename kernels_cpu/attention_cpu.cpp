@@ -161,8 +161,8 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   const bool pairs = transposed && group >= 2 && hd % 8 == 0 && ops.dot_cols2 != nullptr;
   // Without a group (MHA), consecutive positions two at a time (two_queries) where their keys are
   // cut into the same segments, and where a value sum cut in two gives the bits of one (column
-  // chains: heads of a multiple of 16 past 16).
-  const bool position_pairs = transposed && group == 1 && !sparse && a.window == 0 && hd % 16 == 0 && hd > 16 &&
+  // chains: heads of a multiple of 8 past 16).
+  const bool position_pairs = transposed && group == 1 && !sparse && a.window == 0 && hd % 8 == 0 && hd > 16 &&
                               ops.dot_cols2 != nullptr && rows.weighted_sum2 != nullptr;
   thread_local std::vector<float> qpairs;
   if (pairs || position_pairs) qpairs.resize(size_t(std::max<int64_t>(group / 2, 1) * hd * 16));

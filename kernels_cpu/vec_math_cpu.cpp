@@ -223,6 +223,47 @@ TESSERA_AVX2 float dot_cols_avx2(const float* q, const float* kt, int n, int ski
   return scores_max(out, n, skip);
 }
 
+// The AVX2 pair layout: qpair[2d] = qa[d], qpair[2d + 1] = qb[d].
+void pair_queries_avx2(const float* qa, const float* qb, int64_t hd, float* qpair) {
+  for (int64_t d = 0; d < hd; ++d) qpair[2 * d] = qa[d], qpair[2 * d + 1] = qb[d];
+}
+
+// dot_cols_avx2 for two queries (hd a multiple of 8: the callers pair only then): each chunk's
+// lane vectors loaded once for both, in two passes of four lanes (sixteen chains would not fit the
+// registers); each key's chains and sum as chunk_scores_avx2's, so the same bits.
+TESSERA_AVX2 void dot_cols2_avx2(const float* qpair, const float* kt, int n_a, int n_b, int skip, int64_t hd,
+                                 float scale, float* out_a, float* out_b, float* maxes) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int j = 0; j < n_b; j += 8) {
+    __m256 a[8], b[8];
+    for (int half = 0; half < 2; ++half) {
+      const float* c = kt + j * hd + 32 * half;
+      __m256 ah[4], bh[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) ah[u] = bh[u] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < hd; d += 8, c += 64) {
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const int64_t l = 4 * half + u;
+          const __m256 k = _mm256_loadu_ps(c + 8 * u);
+          ah[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(qpair + 2 * (d + l)), k, ah[u]);
+          bh[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(qpair + 2 * (d + l) + 1), k, bh[u]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) a[4 * half + u] = ah[u], b[4 * half + u] = bh[u];
+    }
+    const __m256 sa = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+    const __m256 sb = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(b[0], b[4]), _mm256_add_ps(b[2], b[6])),
+                                    _mm256_add_ps(_mm256_add_ps(b[1], b[5]), _mm256_add_ps(b[3], b[7])));
+    _mm256_storeu_ps(out_a + j, _mm256_mul_ps(sa, vscale));
+    _mm256_storeu_ps(out_b + j, _mm256_mul_ps(sb, vscale));
+  }
+  maxes[0] = scores_max(out_a, n_a, skip);
+  maxes[1] = scores_max(out_b, n_b, skip);
+}
+
 #define TESSERA_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 // Chunks j and j + 8 (kt's two chunks a pair apart, `pair` floats) side by side in one vector.
@@ -351,12 +392,12 @@ TESSERA_AVX2 void weighted_sum_key_chains(const float* p, const void* const* row
   }
 }
 
-// Run<C>::go(d, args...) over a head of hd floats (a multiple of kLanes) in runs of up to 8 vectors
-// of kLanes: the value sums' column chains, as many as fit in registers.
-template <int kLanes, template <int> class Run, class... Args>
+// Run<C>::go(d, args...) over a head of hd floats (a multiple of kLanes) in runs of up to kMaxRun
+// (at most 8) vectors of kLanes: the value sums' column chains, as many as fit in registers.
+template <int kLanes, template <int> class Run, int kMaxRun = 8, class... Args>
 inline void column_runs(int64_t hd, Args... args) {
   int64_t d = 0;
-  for (; d + 8 * kLanes <= hd; d += 8 * kLanes) Run<8>::go(d, args...);
+  for (; d + kMaxRun * kLanes <= hd; d += kMaxRun * kLanes) Run<kMaxRun>::go(d, args...);
   switch ((hd - d) / kLanes) {
     case 1: return Run<1>::go(d, args...);
     case 2: return Run<2>::go(d, args...);
@@ -378,6 +419,78 @@ TESSERA_AVX2 void weighted_sum_avx2(const float* p, const void* const* rows, int
   if (hd % 8 != 0) return weighted_sum_generic<Row>(p, rows, n, hd, acc);
   if (hd <= 16) return weighted_sum_key_chains<Row>(p, rows, n, hd, acc);
   column_runs<8, WeightedCols256<Row>::template Run>(hd, p, rows, n, acc);
+}
+
+// WeightedCols256 for two queries, each row's slice loaded once for both (runs of up to 4 vectors
+// a query: 8 chains in the 16 registers).
+template <class Row>
+struct WeightedColsPair256 {
+  template <int C>
+  struct Run {
+    TESSERA_AVX2 static void go(int64_t d0, const float* pa, const float* pb, const void* const* rows, int n,
+                                float* acc_a, float* acc_b) {
+      __m256 a[C], b[C];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc_a + d0 + 8 * c), b[c] = _mm256_loadu_ps(acc_b + d0 + 8 * c);
+      for (int j = 0; j < n; ++j) {
+        const __m256 wa = _mm256_set1_ps(pa[j]), wb = _mm256_set1_ps(pb[j]);
+        const void* r = rows[j];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+          const __m256 v = Row::load8(r, d0 + 8 * c);
+          a[c] = _mm256_fmadd_ps(wa, v, a[c]);
+          b[c] = _mm256_fmadd_ps(wb, v, b[c]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_a + d0 + 8 * c, a[c]), _mm256_storeu_ps(acc_b + d0 + 8 * c, b[c]);
+    }
+  };
+};
+
+template <class Row>
+TESSERA_AVX2 void weighted_sum2_avx2(const float* pa, const float* pb, const void* const* rows, int n, int64_t hd,
+                                     float* acc_a, float* acc_b) {
+  if (hd % 8 != 0 || hd <= 16) {
+    weighted_sum_avx2<Row>(pa, rows, n, hd, acc_a);
+    return weighted_sum_avx2<Row>(pb, rows, n, hd, acc_b);
+  }
+  column_runs<8, WeightedColsPair256<Row>::template Run, 4>(hd, pa, pb, rows, n, acc_a, acc_b);
+}
+
+// dot_rows_avx2 for two queries, four keys at a time (eight chains in registers), each key's
+// chains summed in hsum256's order as dot_rows_avx2 sums them, so the same bits.
+template <class Row>
+TESSERA_AVX2 void dot_rows2_avx2(const float* qa, const float* qb, const void* const* rows, int n, int64_t hd,
+                                 float scale, float* out_a, float* out_b, float* maxes) {
+  if (hd % 8 != 0) {
+    maxes[0] = dot_rows_avx2<Row>(qa, rows, n, hd, scale, out_a);
+    maxes[1] = dot_rows_avx2<Row>(qb, rows, n, hd, scale, out_b);
+    return;
+  }
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    __m256 a[4], b[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) a[u] = b[u] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 qva = _mm256_loadu_ps(qa + d), qvb = _mm256_loadu_ps(qb + d);
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        const __m256 r = Row::load8(rows[j + u], d);
+        a[u] = _mm256_fmadd_ps(qva, r, a[u]);
+        b[u] = _mm256_fmadd_ps(qvb, r, b[u]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) out_a[j + u] = hsum256(a[u]) * scale, out_b[j + u] = hsum256(b[u]) * scale;
+  }
+  if (j < n) {
+    dot_rows_avx2<Row>(qa, rows + j, n - j, hd, scale, out_a + j);
+    dot_rows_avx2<Row>(qb, rows + j, n - j, hd, scale, out_b + j);
+  }
+  maxes[0] = maxes[1] = -INFINITY;
+  for (int i = 0; i < n; ++i) maxes[0] = std::max(maxes[0], out_a[i]), maxes[1] = std::max(maxes[1], out_b[i]);
 }
 
 // 16 elements of a cache row from d on, widened as load8 widens them.
@@ -507,7 +620,8 @@ template <class Row>
 constexpr RowOps generic_rows{dot_rows_generic<Row>, transpose_rows_generic<Row>, weighted_sum_generic<Row>, nullptr,
                                nullptr};
 template <class Row>
-constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>, nullptr, nullptr};
+constexpr RowOps avx2_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx2<Row>,
+                           dot_rows2_avx2<Row>, weighted_sum2_avx2<Row>};
 template <class Row>
 constexpr RowOps avx512_rows{dot_rows_avx2<Row>, transpose_rows_avx2<Row>, weighted_sum_avx512<Row>,
                              dot_rows2_avx512<Row>, weighted_sum2_avx512<Row>};
@@ -518,7 +632,7 @@ const VecOps& vec_ops() {
   static const VecOps generic{generic_rows<F32Row>, generic_rows<F16Row>, generic_rows<BF16Row>, dot_cols_generic,
                               exp_shift_generic, nullptr, nullptr};
   static const VecOps avx2{avx2_rows<F32Row>, avx2_rows<F16Row>, avx2_rows<BF16Row>, dot_cols_avx2, exp_shift_avx2,
-                           nullptr, nullptr};
+                           pair_queries_avx2, dot_cols2_avx2};
   static const VecOps avx512{avx512_rows<F32Row>, avx512_rows<F16Row>, avx512_rows<BF16Row>, dot_cols_avx512,
                              exp_shift_avx2, pair_queries_avx512, dot_cols2_avx512};
   if (!has_f16c()) return generic;  // has_f16c: F16C, AVX2 and FMA

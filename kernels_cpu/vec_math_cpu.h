@@ -52,6 +52,7 @@ struct VecOps {
   // CPU has a faster way to score them together (null otherwise): pair_queries lays qa and qb out
   // once (hd * 16 floats at qpair), and dot_cols2 then gives each its dot_cols scores and max over
   // its own n (maxes[0] over [skip, n_a), maxes[1] over [skip, n_b); n_a <= n_b), the same bits.
+  // hd a multiple of 8.
   void (*pair_queries)(const float* qa, const float* qb, int64_t hd, float* qpair);
   void (*dot_cols2)(const float* qpair, const float* kt, int n_a, int n_b, int skip, int64_t hd, float scale,
                     float* out_a, float* out_b, float* maxes);
