@@ -12,12 +12,13 @@
 // in the same order: a query's output has the same bits alone or with others, whatever the number
 // of threads.
 //
-// With AVX-512 (VecOps::dot_cols2, RowOps::dot_rows2 / weighted_sum2) two queries that share keys
-// go together, each key and value row read once for both: a GQA group's queries in pairs (prefill
-// and decode), and in MHA prefill a head's consecutive positions whose keys are cut into the same
-// segments (two_queries). Every step of each query is the one-query path's, so the same bits
-// (BM_AttentionOp/2048/1, 8 heads on 2: 52-60 -> 40-45 ms; BM_Prefill/2048/0, 4 heads of 64 without
-// groups: 251-293 -> 199-201 ms; 3 alternating runs each, Zen 5).
+// With AVX2 or AVX-512 (VecOps::dot_cols2, RowOps::dot_rows2 / weighted_sum2) two queries that
+// share keys go together, each key and value row read once for both: a GQA group's queries in
+// pairs (prefill and decode), and in MHA prefill a head's consecutive positions whose keys are cut
+// into the same segments (two_queries). Every step of each query is the one-query path's, so the
+// same bits (AVX-512: BM_AttentionOp/2048/1, 8 heads on 2, 52-60 -> 40-45 ms; BM_Prefill/2048/0,
+// 4 heads of 64 without groups, 251-293 -> 199-201 ms; AVX2 (TESSERA_CPU_ISA=avx2): 3-9% on
+// BM_Prefill/2048/0 and BM_DecodeAttentionColdGqa/512/0; 3 alternating runs each, Zen 5).
 //
 // Decode reads its cold K/V at 15-21 GB/s (latency, not bandwidth). Loading those rows during the
 // preceding q|k|v GEMV (its threads touching a share of the lines per claim of weights) was
