@@ -157,9 +157,9 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   float sm[kMaxGroup], sl[kMaxGroup];
   thread_local std::vector<float> sacc;
   sacc.resize(size_t(std::max<int64_t>(group, 2) * hd));
-  // The group's queries scored two at a time where the CPU has that (dot_cols2): hd % 8, as
-  // dot_cols's vector path needs.
-  const bool pairs = transposed && group >= 2 && hd % 8 == 0 && ops.dot_cols2 != nullptr;
+  // The group's queries scored and summed two at a time where the CPU has that (dot_cols2,
+  // weighted_sum2): hd % 8, as dot_cols's vector path needs.
+  const bool pairs = transposed && group >= 2 && hd % 8 == 0 && ops.dot_cols2 != nullptr && rows.weighted_sum2 != nullptr;
   // Without a group (MHA), consecutive positions two at a time (two_queries) where their keys are
   // cut into the same segments, and where a value sum cut in two gives the bits of one (column
   // chains: heads of a multiple of 8 past 16).
@@ -270,7 +270,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
           l[g] = l[g] * correction + ops.exp_shift(sb, n, new_m);
           m[g] = new_m;
           // A pair's value sums after both its queries' weights (each query's steps in order).
-          if (!pairs || rows.weighted_sum2 == nullptr || (g % 2 == 0 && g + 1 == group)) {
+          if (!pairs || (g % 2 == 0 && g + 1 == group)) {
             rows.weighted_sum(sb, vrows, n, hd, ag);
           } else if (g % 2 == 1) {
             rows.weighted_sum2(scores[0] + skip, sb, vrows, n, hd, ag - hd, ag);
