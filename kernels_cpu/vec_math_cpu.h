@@ -3,10 +3,8 @@
 // CPU has AVX-512F too, the transposed-key scores and the value sums run on 512-bit vectors with
 // the same per-element arithmetic, so the same bits (attention op over a 2048-token prompt ~8%
 // faster, a cold 512-key decode ~5%: BM_AttentionOp/2048/1, BM_DecodeAttentionCold/512/0 against
-// TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5), and a GQA group's queries are scored two
-// at a time off one load of each key chunk (dot_cols2: BM_AttentionOp/2048/1, 8 heads on 2, 52-60
-// -> 42-45 ms, 3 alternating runs) and their value sums read each row once for both
-// (weighted_sum2: 58 -> 46-53 ms).
+// TESSERA_CPU_ISA=avx2, 3 alternating runs each, Zen 5). The *2 routines take two queries that
+// share their rows, each row read once for both (attention_cpu.cpp says where and what it gains).
 #pragma once
 
 #include <immintrin.h>
