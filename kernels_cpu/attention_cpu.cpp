@@ -334,8 +334,11 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   std::fill(m, m + queries, -INFINITY);
   std::fill(l, l + queries, 0.0f);
   std::fill(acc, acc + queries * hd, 0.0f);
-  // A GQA group's queries two at a time where the CPU has that (each row read once for both).
+  // A GQA group's queries two at a time where the CPU has that (each row read once for both):
+  // query j leads a pair with j + 1, or is the second of one (done with its pair), or is alone.
   const bool pairs = group >= 2 && rows.dot_rows2 != nullptr && rows.weighted_sum2 != nullptr;
+  auto leads_pair = [&](int64_t j) { return pairs && j % group % 2 == 0 && j % group + 1 < group; };
+  auto second_of_pair = [&](int64_t j) { return pairs && j % group % 2 == 1; };
   // body(j, c, nc, rows) for every query j, over the band's rows of eight keys (head h's part at
   // byte offset h * head_bytes).
   auto for_eights = [&](int64_t b, int n, const std::vector<const void*>& from, auto&& body) {
@@ -352,12 +355,12 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, hi + 1 - b));
     std::fill(block_max, block_max + queries, -INFINITY);
     for_eights(b, n, krows, [&](int64_t j, int c, int nc, const void* const* r) {
-      if (pairs && j % group % 2 == 0 && j % group + 1 < group) {  // with the next query of its group
+      if (leads_pair(j)) {
         float maxes[2];
         rows.dot_rows2(q + j * hd, q + (j + 1) * hd, r, nc, hd, a.scale, scores[j] + c, scores[j + 1] + c, maxes);
         block_max[j] = std::max(block_max[j], maxes[0]);
         block_max[j + 1] = std::max(block_max[j + 1], maxes[1]);
-      } else if (!pairs || j % group % 2 == 0) {
+      } else if (!second_of_pair(j)) {
         block_max[j] = std::max(block_max[j], rows.dot_rows(q + j * hd, r, nc, hd, a.scale, scores[j] + c));
       }
     });
@@ -372,9 +375,9 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       m[j] = new_m;
     }
     for_eights(b, n, vrows, [&](int64_t j, int c, int nc, const void* const* r) {
-      if (pairs && j % group % 2 == 0 && j % group + 1 < group) {
+      if (leads_pair(j)) {
         rows.weighted_sum2(scores[j] + c, scores[j + 1] + c, r, nc, hd, acc + j * hd, acc + (j + 1) * hd);
-      } else if (!pairs || j % group % 2 == 0) {
+      } else if (!second_of_pair(j)) {
         rows.weighted_sum(scores[j] + c, r, nc, hd, acc + j * hd);
       }
     });

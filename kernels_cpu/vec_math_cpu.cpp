@@ -188,6 +188,13 @@ TESSERA_AVX2 float dot_rows_avx2(const float* q, const void* const* rows, int n,
   return m;
 }
 
+// A score's eight lane chains (one vector each, lanes over keys) summed: lanes l and l + 4, then
+// the pairs (0, 2) and (1, 3), then the two halves, the order every score path keeps.
+TESSERA_AVX2 inline __m256 lane_sum(const __m256* a) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                       _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+}
+
 // One chunk (8 keys at c) scored into out[0, 8): lane l's chain for the 8 keys is one vector (8
 // independent chains hide the FMA latency), and the lanes are summed in hsum256's order.
 TESSERA_AVX2 inline void chunk_scores_avx2(const float* q, const float* c, int64_t hd, float scale, float* out) {
@@ -198,9 +205,7 @@ TESSERA_AVX2 inline void chunk_scores_avx2(const float* q, const float* c, int64
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) a[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + l), _mm256_loadu_ps(c + 8 * l), a[l]);
   }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                                 _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-  _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+  _mm256_storeu_ps(out, _mm256_mul_ps(lane_sum(a), _mm256_set1_ps(scale)));
 }
 
 // The largest of out[skip, n).
@@ -253,12 +258,8 @@ TESSERA_AVX2 void dot_cols2_avx2(const float* qpair, const float* kt, int n_a, i
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) a[4 * half + u] = ah[u], b[4 * half + u] = bh[u];
     }
-    const __m256 sa = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-    const __m256 sb = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(b[0], b[4]), _mm256_add_ps(b[2], b[6])),
-                                    _mm256_add_ps(_mm256_add_ps(b[1], b[5]), _mm256_add_ps(b[3], b[7])));
-    _mm256_storeu_ps(out_a + j, _mm256_mul_ps(sa, vscale));
-    _mm256_storeu_ps(out_b + j, _mm256_mul_ps(sb, vscale));
+    _mm256_storeu_ps(out_a + j, _mm256_mul_ps(lane_sum(a), vscale));
+    _mm256_storeu_ps(out_b + j, _mm256_mul_ps(lane_sum(b), vscale));
   }
   maxes[0] = scores_max(out_a, n_a, skip);
   maxes[1] = scores_max(out_b, n_b, skip);
@@ -266,10 +267,16 @@ TESSERA_AVX2 void dot_cols2_avx2(const float* qpair, const float* kt, int n_a, i
 
 #define TESSERA_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
-// Chunks j and j + 8 (kt's two chunks a pair apart, `pair` floats) side by side in one vector.
-TESSERA_AVX512 inline __m512 load_chunk_pair(const float* c, int64_t pair) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(c))),
-                                             _mm256_castps_pd(_mm256_loadu_ps(c + pair)), 1));
+// lo in lanes 0-7, hi in 8-15; and the inverse, the upper eight lanes.
+TESSERA_AVX512 inline __m512 join(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+TESSERA_AVX512 inline __m256 upper(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+// lane_sum on 512-bit vectors: each half summed as lane_sum sums it.
+TESSERA_AVX512 inline __m512 lane_sum(const __m512* a) {
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                       _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
 }
 
 // dot_cols_avx2 two chunks at a time on 512-bit vectors: lanes 0-7 hold chunk j's keys, 8-15 chunk
@@ -288,11 +295,12 @@ TESSERA_AVX512 float dot_cols_avx512(const float* q, const float* kt, int n, int
     for (int l = 0; l < 8; ++l) a[l] = _mm512_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8, c += 64) {
 #pragma GCC unroll 8
-      for (int l = 0; l < 8; ++l) a[l] = _mm512_fmadd_ps(_mm512_set1_ps(q[d + l]), load_chunk_pair(c + 8 * l, pair), a[l]);
+      for (int l = 0; l < 8; ++l) {
+        const __m512 keys = join(_mm256_loadu_ps(c + 8 * l), _mm256_loadu_ps(c + 8 * l + pair));  // chunks j, j + 8
+        a[l] = _mm512_fmadd_ps(_mm512_set1_ps(q[d + l]), keys, a[l]);
+      }
     }
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                     _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-    _mm512_storeu_ps(out + j, _mm512_mul_ps(sum, vscale));
+    _mm512_storeu_ps(out + j, _mm512_mul_ps(lane_sum(a), vscale));
   }
   if (j < n) chunk_scores_avx2(q, kt + j * hd, hd, scale, out + j);
   return scores_max(out, n, skip);
@@ -301,8 +309,7 @@ TESSERA_AVX512 float dot_cols_avx512(const float* q, const float* kt, int n, int
 // qpair[d * 16, d * 16 + 16) = qa[d] eight times, then qb[d] eight times.
 TESSERA_AVX512 void pair_queries_avx512(const float* qa, const float* qb, int64_t hd, float* qpair) {
   for (int64_t d = 0; d < hd; ++d) {
-    _mm512_storeu_ps(qpair + d * 16, _mm512_castpd_ps(_mm512_insertf64x4(
-                                         _mm512_castps_pd(_mm512_set1_ps(qa[d])), _mm256_castps_pd(_mm256_set1_ps(qb[d])), 1)));
+    _mm512_storeu_ps(qpair + d * 16, join(_mm256_set1_ps(qa[d]), _mm256_set1_ps(qb[d])));
   }
 }
 
@@ -324,11 +331,9 @@ TESSERA_AVX512 void dot_cols2_avx512(const float* qpair, const float* kt, int n_
         a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(qpair + (d + l) * 16), keys, a[l]);
       }
     }
-    const __m512 sum = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                                   _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]))),
-                                     vscale);
+    const __m512 sum = _mm512_mul_ps(lane_sum(a), vscale);
     _mm256_storeu_ps(out_a + j, _mm512_castps512_ps256(sum));
-    _mm256_storeu_ps(out_b + j, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
+    _mm256_storeu_ps(out_b + j, upper(sum));
   }
   maxes[0] = scores_max(out_a, n_a, skip);
   maxes[1] = scores_max(out_b, n_b, skip);
@@ -567,13 +572,6 @@ TESSERA_AVX512 void weighted_sum_avx512(const float* p, const void* const* rows,
   column_runs<16, WeightedCols512<Row>::template Run>(hd, p, rows, n, acc);
 }
 
-// A row's 8 elements from d on in both halves of a vector.
-template <class Row>
-TESSERA_AVX512 inline __m512 load8_twice(const void* r, int64_t d) {
-  const __m256 v = Row::load8(r, d);
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(v)), _mm256_castps_pd(v), 1));
-}
-
 // dot_rows_avx2's eight keys for two queries at once: lanes 0-7 query a's 8 lane chains, 8-15
 // query b's, each summed in hsum8x256's order, so the same bits; other key counts take dot_rows_avx2.
 template <class Row>
@@ -588,16 +586,18 @@ TESSERA_AVX512 void dot_rows2_avx512(const float* qa, const float* qb, const voi
 #pragma GCC unroll 8
   for (int u = 0; u < 8; ++u) a[u] = _mm512_setzero_ps();
   for (int64_t d = 0; d < hd; d += 8) {
-    const __m512 qv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(qa + d))),
-                                                          _mm256_castps_pd(_mm256_loadu_ps(qb + d)), 1));
+    const __m512 qv = join(_mm256_loadu_ps(qa + d), _mm256_loadu_ps(qb + d));
 #pragma GCC unroll 8
-    for (int u = 0; u < 8; ++u) a[u] = _mm512_fmadd_ps(qv, load8_twice<Row>(rows[u], d), a[u]);
+    for (int u = 0; u < 8; ++u) {
+      const __m256 r = Row::load8(rows[u], d);
+      a[u] = _mm512_fmadd_ps(qv, join(r, r), a[u]);
+    }
   }
   __m256 lo[8], hi[8];
 #pragma GCC unroll 8
   for (int u = 0; u < 8; ++u) {
     lo[u] = _mm512_castps512_ps256(a[u]);
-    hi[u] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1));
+    hi[u] = upper(a[u]);
   }
   const __m256 vscale = _mm256_set1_ps(scale);
   _mm256_storeu_ps(out_a, _mm256_mul_ps(hsum8x256(lo), vscale));
