@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <iostream>
 #include <random>
+#include <thread>
 
 #include "api_error.h"
 #include "openai_response.h"
@@ -91,7 +93,10 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::run() { svr_->listen_after_bind(); }
+void HttpServer::run() {
+  if (!draining_) svr_->listen_after_bind();
+  run_returned_ = true;
+}
 
 void HttpServer::shutdown() {
   if (draining_.exchange(true)) return;
@@ -107,7 +112,17 @@ void HttpServer::shutdown() {
     drain_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return in_flight_ == 0; });
   }
   lock.unlock();
-  svr_->stop();
+  // httplib's stop() does nothing before listen_after_bind has started its loop, which a signal
+  // during start-up precedes (the server then listened on, answering 503, until killed): stop it
+  // once it runs, and return when run() has.
+  bool stopped = false;
+  while (!run_returned_) {
+    if (!stopped && svr_->is_running()) {
+      svr_->stop();
+      stopped = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 bool HttpServer::try_admit() {
@@ -139,8 +154,12 @@ void HttpServer::routes() {
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!config_.api_key.empty() && req.path != "/health") {
       const std::string auth = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), config_.api_key)) {
+      // The scheme's name is case-insensitive (RFC 9110 11.1), the key is not.
+      const std::string scheme = "bearer ";
+      const bool bearer = auth.size() >= scheme.size() &&
+                          std::equal(scheme.begin(), scheme.end(), auth.begin(),
+                                     [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); });
+      if (!bearer || !same_secret(auth.substr(scheme.size()), config_.api_key)) {
         send_error(res, ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'", "",
                                  "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;

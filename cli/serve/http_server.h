@@ -54,7 +54,7 @@ class HttpServer {
   // Serves until shutdown() has finished.
   void run();
   // Graceful stop, from any thread: new requests get 503, in-flight ones may finish until the deadline,
-  // then the rest are cancelled; then the listener stops and run() returns.
+  // then the rest are cancelled; then the listener stops, and shutdown() returns once run() has.
   void shutdown();
 
  private:
@@ -76,6 +76,7 @@ class HttpServer {
   int64_t started_ = 0;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
+  std::atomic<bool> run_returned_{false};
   std::mutex drain_mutex_;
   std::condition_variable drain_cv_;
 };

@@ -269,7 +269,7 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond a double (1e400)
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_of(j), "", "invalid_json");
