@@ -24,8 +24,6 @@
 // preceding q|k|v GEMV (its threads touching a share of the lines per claim of weights) was
 // measured and not kept: at 7-135 keys attention took 30-40% less time but the GEMV as much more
 // (roofline share unchanged), and at 1000 keys decode was 6-19% slower (6 alternating pairs).
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -441,7 +439,7 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   // whose team is still spinning (a fork costs ~1 us then), and on one thread the other core sat
   // idle through it (at a 40-token context, a fifth of the worker's idle time in a Q4_0 decode).
   const int threads =
-      work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? omp_get_max_threads() : 1;
+      work > kParallelWork || kv_read > kParallelStreamBytes / 8 ? team_max_threads() : 1;
   // Decode of a dense sequence goes in tasks of one segment of keys for a band of kv heads
   // (run_band): all of them where the segments keep the team busy, so that a thread takes
   // neighbouring segments, whole rows in key order. Heads of 16 or fewer keep run_task: their rows
@@ -508,17 +506,18 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
   }
   StealingBands units(int64_t(list.size()), threads);
   const auto n_folds = static_cast<int64_t>(fold_list.size());
-#pragma omp parallel
-  {
-    for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) {
+  team_run([&](int t, int nt) {
+    for (UnitRange r; !(r = units.next(t)).empty();) {
       for (int64_t i = r.begin; i < r.end; ++i) run(list[size_t(i)]);
     }
     if (n_folds > 0) {
-#pragma omp barrier
-#pragma omp for schedule(static)
-      for (int64_t f = 0; f < n_folds; ++f) fold_band(a, kv, fold_list[size_t(f)], states);
+      team_barrier();
+      const int64_t per = (n_folds + nt - 1) / nt;
+      for (int64_t f = std::min(n_folds, per * t); f < std::min(n_folds, per * (t + 1)); ++f) {
+        fold_band(a, kv, fold_list[size_t(f)], states);
+      }
     }
-  }
+  });
 }
 
 }  // namespace tessera::cpu

@@ -139,7 +139,7 @@ class CpuBackend final : public Backend {
 };
 
 void register_cpu(Registrar& r) {
-  r.add<Backend>("cpu", "Host CPU: the reference implementation of every op (AVX2 + OpenMP)",
+  r.add<Backend>("cpu", "Host CPU: the reference implementation of every op (AVX2; parallel regions on a spinning thread team of OpenMP's thread count)",
                  {{"threads", ParamType::integer, 0, "worker threads; 0 = OpenMP default (all cores)", {}}},
                  [](const Params& p) { return std::make_unique<CpuBackend>(p); });
 }

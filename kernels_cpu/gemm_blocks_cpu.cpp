@@ -16,7 +16,6 @@
 // halves as on the dot products. Still the file's bytes, each scale and each row's quants
 // unchanged; after the bands come a tile (if 4 rows remain) and the rows left, as above.
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -204,22 +203,21 @@ void gemm_blocks(const float* x, int64_t m, const WeightView& w, float* y, const
   };
   size_scratch(mine);
   const int64_t weight_bytes = n * (k / kQBlock) * int64_t(kern.block_bytes);
-  if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
+  if ((m * n * k < kParallelWork && weight_bytes < kParallelStreamBytes) || team_max_threads() == 1) {
     quantize(mine, 0, m);
     gemm_rows({mine.xq.data(), mine.xd.data(), k}, m, w, 0, n, y, kern, avx2, vnni);
     return;
   }
   const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
-  StealingBands units(bands, omp_get_max_threads());
+  StealingBands units(bands, team_max_threads());
   Scratch* caller = &mine;
-#pragma omp parallel
-  {
+  team_run([&](int t, int) {
     const Scratch& s = team_quantized_x(*caller, mine, m, m, size_scratch, quantize);  // slices: rows
-    for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) {
+    for (UnitRange r; !(r = units.next(t)).empty();) {
       gemm_rows({s.xq.data(), s.xd.data(), k}, m, w, r.begin * kRowsPerBand, std::min(n, r.end * kRowsPerBand), y,
                 kern, avx2, vnni);
     }
-  }
+  });
 }
 
 }  // namespace tessera::cpu

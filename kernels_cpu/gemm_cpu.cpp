@@ -4,7 +4,6 @@
 // (never a float copy of the matrix), then reused across all m rows of x; decode converts
 // half-precision rows in registers instead.
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <vector>
@@ -244,7 +243,7 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
   // Decode streams the weights: fork for their bytes too, not only for the multiply-adds.
   const int64_t bytes = n * int64_t(dtype_row_bytes(w.dtype, w.cols));
-  if ((work < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1) {
+  if ((work < kParallelWork && bytes < kParallelStreamBytes) || team_max_threads() == 1) {
     thread_local std::vector<float> unpacked;
     gemm_rows(x, m, w, y, 0, n, unpacked);
     return;

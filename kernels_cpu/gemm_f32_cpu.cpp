@@ -15,9 +15,9 @@
 // tile, so a row's result does not depend on the batch around it (decode equals prefill, bit for
 // bit). Decode (m = 1) streams each panel once, four neighbouring panels side by side (row_panels).
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -213,7 +213,7 @@ void decode_panels(const float* x, const WeightView& w, float* y, int64_t q0, in
 bool small(int64_t m, const WeightView& w) {
   const int64_t work = m * (w.rows / kPanel) * kPanel * w.cols;
   const int64_t bytes = (w.rows / kPanel) * kPanel * w.cols * int64_t(sizeof(float));
-  return (work < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1;
+  return (work < kParallelWork && bytes < kParallelStreamBytes) || team_max_threads() == 1;
 }
 
 // A batch (m > 1) through all the panels into `out`.
@@ -230,8 +230,12 @@ void gemm_batch(const float* x, int64_t m, const WeightView& w, const PanelOut& 
   // pass cost the 768 x 2048 GEMM ~4% on two threads, each pass's last units finishing unevenly).
   const int64_t unit = has_avx512f() ? kWidePanels : 1;  // panels a tile call takes
   const int64_t units = (panels + unit - 1) / unit;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t u = 0; u < units; ++u) run(u * unit, std::min(panels, (u + 1) * unit));
+  std::atomic<int64_t> next{0};
+  team_run([&](int, int) {
+    for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
+      run(u * unit, std::min(panels, (u + 1) * unit));
+    }
+  });
 }
 
 }  // namespace

@@ -25,7 +25,6 @@
 // head is 60% of its bytes. The bands' scales and zeros all ahead of their nibbles, a band at a
 // time, ran 18% slower (16 pairs): the prefetcher follows one stream, not three within a band.
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -505,7 +504,7 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
   const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
   const int64_t groups = k / w.group_size;
   const int64_t bytes = n * (k / 2) + n * groups * int64_t(sizeof(float)) * (w.zeros != nullptr ? 2 : 1);
-  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || omp_get_max_threads() == 1 || bands == 1) {
+  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || team_max_threads() == 1 || bands == 1) {
     run(int64_t(0), n);
     return;
   }

@@ -17,7 +17,6 @@
 // A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
 // is missing.
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -322,27 +321,26 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
     if (panel_rows > 0 && !amx) pack_x_quads(s.xq.data(), m, k, b0, b1, s.xp.data());
   };
 
-  if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || omp_get_max_threads() == 1) {
+  if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || team_max_threads() == 1) {
     quantize(mine, 0, blocks);
     if (panel_rows > 0 && amx) gemm_i8_amx(mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
     if (panel_rows > 0 && !amx) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, out, vnni);
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
-  StealingBands units(panels + row_tiles, omp_get_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor,
+  StealingBands units(panels + row_tiles, team_max_threads(), m == 1 ? 2 : StealingBands::kClaimDivisor,
                       m == 1 ? kI8DecodeClaimPanels : 1);
   Scratch* caller = &mine;
-#pragma omp parallel
-  {
+  team_run([&](int t, int) {
     // Decode: the first lines of the thread's band are requested before it quantizes x, so that
     // their memory latency passes meanwhile and its stream starts ahead (int8 110m decode +4.5% in
     // the ~33 GB/s minutes, +1% in the fast ones: BM_DecodeRoofline/1, 14 + 14 runs alternated in
     // one process; 2 KiB was no better).
-    const int64_t first = units.first_unit(omp_get_thread_num());
+    const int64_t first = units.first_unit(t);
     if (m == 1 && first < panels) prefetch_lines(static_cast<const int8_t*>(w.data) + first * 16 * k, kStreamStartBytes);
     const Scratch& s = team_quantized_x(*caller, mine, m, blocks, size_scratch, quantize);  // slices: 6-row blocks
-    for (UnitRange r; !(r = units.next(omp_get_thread_num())).empty();) run_units(s, r);
-  }
+    for (UnitRange r; !(r = units.next(t)).empty();) run_units(s, r);
+  });
 }
 
 }  // namespace

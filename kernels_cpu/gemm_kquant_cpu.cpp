@@ -9,7 +9,6 @@
 // super-block by super-block, against an activation block that stays in L1; every row of x sees
 // the same arithmetic in the same order, so decode, prefill and verification agree to the bit.
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -240,7 +239,7 @@ void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
   quantize_x(x, m, w.cols, xq);
   const int64_t n = w.rows;
   if ((m * n * w.cols < kParallelWork && n * int64_t(dtype_row_bytes(w.dtype, w.cols)) < kParallelStreamBytes) ||
-      omp_get_max_threads() == 1) {
+      team_max_threads() == 1) {
     return gemm_rows<Format>(xq, m, w, y, 0, n);
   }
   const KQuantX& shared = xq;

@@ -1,13 +1,12 @@
 // CPU kernels, one op per file. Internal to the CPU backend library; compiled as C++17.
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "tessera/backend.h"
+#include "tessera/thread_team.h"
 
 namespace tessera::cpu {
 
@@ -39,24 +38,25 @@ Scratch& team_quantized_x(Scratch& callers, Scratch& own, int64_t m, int64_t par
     quantize(own, 0, parts);
     return own;
   }
-  const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+  const int nt = team_size(), t = team_thread();
   const int64_t per = (parts + nt - 1) / nt;
   quantize(callers, std::min(parts, per * t), std::min(parts, per * (t + 1)));
-#pragma omp barrier
+  team_barrier();
   return callers;
 }
 
-// body(i) for i in [0, n), split statically over the OpenMP team only when `parallel`. Not
-// `omp parallel for if (...)`: that still enters the runtime (~0.6 us a call, futex wake-ups
-// included), more than a decode step's norms, ropes and adds take, ~40 times per token.
+// body(i) for i in [0, n), split statically over the thread team only when `parallel` (a decode
+// step's norms, ropes and adds are too small to fork for, ~40 times per token).
 template <class Body>
 void for_rows(int64_t n, bool parallel, const Body& body) {
   if (!parallel) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) body(i);
+  team_run([&](int t, int nt) {
+    const int64_t per = (n + nt - 1) / nt;
+    for (int64_t i = std::min(n, per * t); i < std::min(n, per * (t + 1)); ++i) body(i);
+  });
 }
 
 bool has_avx2();

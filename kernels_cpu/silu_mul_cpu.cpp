@@ -1,5 +1,3 @@
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -30,12 +28,11 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (has_avx2()) {
     if (n <= kParallelWork) return silu_mul_avx2(gate, up, out, 0, n);
-#pragma omp parallel
-    {
-      const int64_t per = (n + omp_get_num_threads() - 1) / omp_get_num_threads();
-      const int64_t i0 = std::min(n, per * omp_get_thread_num());
+    team_run([&](int t, int nt) {
+      const int64_t per = (n + nt - 1) / nt;
+      const int64_t i0 = std::min(n, per * t);
       silu_mul_avx2(gate, up, out, i0, std::min(n, i0 + per));
-    }
+    });
     return;
   }
   for (int64_t i = 0; i < n; ++i) {

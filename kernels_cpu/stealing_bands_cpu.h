@@ -7,12 +7,12 @@
 // Compiled as C++17 (kernel sources).
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
+
+#include "tessera/thread_team.h"
 
 namespace tessera::cpu {
 
@@ -92,19 +92,17 @@ struct NoStreamStart {
   void operator()(int64_t) const {}
 };
 
-// body(begin, end) over runs of units covering [0, n) once, over the OpenMP team, as above. Each
+// body(begin, end) over runs of units covering [0, n) once, over the thread team, as above. Each
 // thread first calls start(its band's first unit), where a decode requests the lines its stream
 // begins with (prefetch_lines), unless its band is empty.
 template <class Body, class Start = NoStreamStart>
 void for_units(int64_t n, const Body& body, int64_t claim_divisor = StealingBands::kClaimDivisor,
                const Start& start = {}) {
-  StealingBands units(n, omp_get_max_threads(), claim_divisor);
-#pragma omp parallel
-  {
-    const int t = omp_get_thread_num();
+  StealingBands units(n, team_max_threads(), claim_divisor);
+  team_run([&](int t, int) {
     if (units.first_unit(t) < n) start(units.first_unit(t));
     for (UnitRange r; !(r = units.next(t)).empty();) body(r.begin, r.end);
-  }
+  });
 }
 
 }  // namespace tessera::cpu

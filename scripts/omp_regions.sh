@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Where a CPU run's wall time goes between OpenMP parallel regions (the GEMMs, attention) and the
-# serial code between them (norms, ropes, sampling, the engine), and how long each thread of a region
-# works in it. Wraps GOMP_parallel through LD_PRELOAD; the command runs unchanged otherwise.
+# Where a CPU run's wall time goes between parallel regions (the GEMMs, attention: the thread team of
+# tessera/thread_team.h, and OpenMP where code still uses it) and the serial code between them (norms,
+# ropes, sampling, the engine), and how long each thread of a region works in it. Wraps
+# tessera::team_run_raw and GOMP_parallel through LD_PRELOAD; the command runs unchanged otherwise.
 #   scripts/omp_regions.sh build/bin/tessera run -m MODEL -p pipelines/int8.yaml -n 64 --ignore-eos "Once upon a time"
-# Prints at exit, per region (its outlined function): calls, wall seconds, the seconds threads 0 and 1
+# Prints at exit, per region (the function that encloses it): calls, wall seconds, the seconds threads 0 and 1
 # worked in it (the rest is fork latency and waiting at the join), and over the calls that ran as a
 # team, the mean fork (from the call to thread 1's start), uneven (between the two threads' ends) and
 # join (from the later end to the return), in microseconds; then the gaps between regions.
@@ -21,7 +22,7 @@ cat >"$dir/shim.c" <<'EOF'
 #include <time.h>
 
 enum { kSites = 64 };
-struct Site { void (*fn)(void*); long calls, teamed; double wall, busy[2], fork, uneven, join; };
+struct Site { void* fn; long calls, teamed; double wall, busy[2], fork, uneven, join; };
 static struct Site sites[kSites];
 static double gap_total, gap_short, last_end;  // gap_short: gaps under 10 us (inside a step)
 
@@ -31,43 +32,70 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-struct Call { void (*fn)(void*); void* data; struct Site* site; double start[2], end[2]; };
-static void timed(void* p) {
-  struct Call* c = p;
-  const int t = omp_get_thread_num();
-  const double t0 = now();
-  c->fn(c->data);
-  const double t1 = now();
+// One region: the function it runs (OpenMP's outlined one, or the thread team's), its data.
+struct Call { void* fn; void* data; struct Site* site; double start[2], end[2]; };
+static void record(struct Call* c, int t, double t0, double t1) {
   if (t < 2) {  // each thread its own slots
     c->site->busy[t] += t1 - t0;
     c->start[t] = t0;
     c->end[t] = t1;
   }
 }
+static void timed_omp(void* p) {
+  struct Call* c = p;
+  const double t0 = now();
+  ((void (*)(void*))c->fn)(c->data);
+  record(c, omp_get_thread_num(), t0, now());
+}
+static void timed_team(void* p, int t, int n) {
+  struct Call* c = p;
+  const double t0 = now();
+  ((void (*)(void*, int, int))c->fn)(c->data, t, n);
+  record(c, t, t0, now());
+}
 
-void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags) {
-  static void (*real)(void (*)(void*), void*, unsigned, unsigned);
-  if (!real) real = (void (*)(void (*)(void*), void*, unsigned, unsigned))dlsym(RTLD_NEXT, "GOMP_parallel");
+static struct Call begin(void* fn, void* data) {
   int s = 0;
   while (s < kSites - 1 && sites[s].fn && sites[s].fn != fn) ++s;
   sites[s].fn = fn;
   struct Call c = {fn, data, &sites[s], {0, 0}, {0, 0}};
-  const double t0 = now();
+  return c;
+}
+static void end(struct Call* c, double t0) {
+  struct Site* site = c->site;
   if (last_end > 0 && t0 - last_end < 1e-3) {  // longer gaps: loading, prompts, idle
     gap_total += t0 - last_end;
     if (t0 - last_end < 1e-5) gap_short += t0 - last_end;
   }
-  real(timed, &c, threads, flags);
   last_end = now();
-  sites[s].wall += last_end - t0;
-  ++sites[s].calls;
-  if (c.start[1] > 0) {  // a team of two or more: the second thread's start, the ends' spread, the return
-    ++sites[s].teamed;
-    sites[s].fork += c.start[1] - t0;
-    const double first = c.end[0] < c.end[1] ? c.end[0] : c.end[1], last = c.end[0] + c.end[1] - first;
-    sites[s].uneven += last - first;
-    sites[s].join += last_end - last;
+  site->wall += last_end - t0;
+  ++site->calls;
+  if (c->start[1] > 0) {  // a team of two or more: the second thread's start, the ends' spread, the return
+    ++site->teamed;
+    site->fork += c->start[1] - t0;
+    const double first = c->end[0] < c->end[1] ? c->end[0] : c->end[1], last = c->end[0] + c->end[1] - first;
+    site->uneven += last - first;
+    site->join += last_end - last;
   }
+}
+
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags) {
+  static void (*real)(void (*)(void*), void*, unsigned, unsigned);
+  if (!real) real = (void (*)(void (*)(void*), void*, unsigned, unsigned))dlsym(RTLD_NEXT, "GOMP_parallel");
+  struct Call c = begin((void*)fn, data);
+  const double t0 = now();
+  real(timed_omp, &c, threads, flags);
+  end(&c, t0);
+}
+
+// tessera::team_run_raw(void (*)(void*, int, int), void*) (tessera/thread_team.h)
+void _ZN7tessera12team_run_rawEPFvPviiES0_(void (*fn)(void*, int, int), void* data) {
+  static void (*real)(void (*)(void*, int, int), void*);
+  if (!real) real = (void (*)(void (*)(void*, int, int), void*))dlsym(RTLD_NEXT, "_ZN7tessera12team_run_rawEPFvPviiES0_");
+  struct Call c = begin((void*)fn, data);
+  const double t0 = now();
+  real(timed_team, &c);
+  end(&c, t0);
 }
 
 __attribute__((destructor)) static void report(void) {
@@ -92,11 +120,13 @@ status=0
 OMP_REGIONS_REPORT="$dir/report" LD_PRELOAD="$dir/shim.so${LD_PRELOAD:+:$LD_PRELOAD}" "$@" || status=$?
 grep -q "^site" "$dir/report" 2>/dev/null || { echo "omp_regions: no parallel region ran" >&2; exit "$status"; }
 {
-  printf '%-48s %7s %8s %8s %8s %8s %8s %8s\n' "region (outlined function)" calls "wall s" "busy0 s" "busy1 s" \
+  printf '%-48s %7s %8s %8s %8s %8s %8s %8s\n' "region (enclosing function)" calls "wall s" "busy0 s" "busy1 s" \
     "fork us" "uneven us" "join us"
   while read -r kind lib offset calls wall busy0 busy1 fork uneven join; do
     if [ "$kind" = site ]; then
-      name=$(nm -C "$lib" 2>/dev/null | awk -v a="$(printf '%016x' "$offset")" '$1 == a { $1 = ""; $2 = ""; print; exit }' | sed -E 's/^ *//; s/\(.*\)//' || true)
+      # A team region's function is team_run's invoker for a lambda: named by the function around it.
+      name=$(nm -C "$lib" 2>/dev/null | awk -v a="$(printf '%016x' "$offset")" '$1 == a { $1 = ""; $2 = ""; print; exit }' |
+        sed -E 's/^ *//; s/^tessera::team_run<//; s/\(anonymous namespace\):://g; s/\(.*//' || true)
       printf '%-48.48s %7d %8.3f %8.3f %8.3f %8s %8s %8s\n' "${name:-$(basename "$lib")+$offset}" "$calls" "$wall" "$busy0" \
         "$busy1" "$fork" "$uneven" "$join"
     else

@@ -1,7 +1,6 @@
 #include "tessera/machine_probe.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,10 +9,13 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <sstream>
+#include <vector>
 
 #include "tessera/error.h"
 #include "tessera/host_arena.h"
+#include "tessera/thread_team.h"
 
 namespace tessera {
 
@@ -111,30 +113,29 @@ double read_bandwidth_pass(const float* data, size_t n, int pattern) {
   }
   const ProbePattern p = kProbePatterns[pattern];
   const size_t ahead = size_t(p.prefetch_bytes) / 4;
-  double sink = 0;
   const bool avx2 = has_avx2_fma();
-#pragma omp parallel reduction(+ : sink)
-  {
-    const size_t per = n / size_t(omp_get_num_threads()) / 64 * 64;  // whole 16-float steps in each slice
-    const float* part = data + per * size_t(omp_get_thread_num());
-    sink += !avx2 ? sum_scalar(part, per)
-            : p.streams == 1 ? sum_avx2<1>(part, per, ahead)
-            : p.streams == 2 ? sum_avx2<2>(part, per, ahead)
-                             : sum_avx2<4>(part, per, ahead);
-  }
-  return sink;
+  std::vector<double> sums(static_cast<size_t>(team_max_threads()));
+  // On the thread team the kernels run on, so that the probe reads with the threads a decode does.
+  team_run([&](int t, int nt) {
+    const size_t per = n / size_t(nt) / 64 * 64;  // whole 16-float steps in each slice
+    const float* part = data + per * size_t(t);
+    sums[size_t(t)] = !avx2 ? sum_scalar(part, per)
+                      : p.streams == 1 ? sum_avx2<1>(part, per, ahead)
+                      : p.streams == 2 ? sum_avx2<2>(part, per, ahead)
+                                       : sum_avx2<4>(part, per, ahead);
+  });
+  return std::accumulate(sums.begin(), sums.end(), 0.0);
 }
 
 double fma_peak_pass(int64_t iters, int* threads_out) {
   const bool avx2 = has_avx2_fma(), avx512 = has_avx512f();
-  float sink = 0;
+  std::vector<float> sums(static_cast<size_t>(team_max_threads()));
   int threads = 1;
-#pragma omp parallel reduction(+ : sink)
-  {
-    sink += avx512 ? fma_chains_avx512(iters) : avx2 ? fma_chains_avx2(iters) : fma_chains_scalar(iters);
-#pragma omp single
-    threads = omp_get_num_threads();
-  }
+  team_run([&](int t, int nt) {
+    sums[size_t(t)] = avx512 ? fma_chains_avx512(iters) : avx2 ? fma_chains_avx2(iters) : fma_chains_scalar(iters);
+    if (t == 0) threads = nt;
+  });
+  const float sink = std::accumulate(sums.begin(), sums.end(), 0.0f);
   if (threads_out != nullptr) *threads_out = threads;
   // Keeps the chains alive without a volatile in the loop.
   if (sink == 12345.678f) std::abort();
@@ -152,7 +153,7 @@ ProbeResult measure_read_bandwidth(double seconds, size_t bytes) {
   std::memset(buf.get(), 1, bytes);  // touch every page before timing
   const size_t n = bytes / 4;
   ProbeResult r;
-  r.threads = omp_get_max_threads();
+  r.threads = team_max_threads();
   const auto t0 = std::chrono::steady_clock::now();
   int passes = 0;
   do {

@@ -83,9 +83,9 @@ TEST(StealingBands, ForUnitsStartsEachThreadAtItsBandOnceBeforeItsUnits) {
     for_units(
         n,
         [&](int64_t b, int64_t e) {
-          for (int64_t u = b; u < e; ++u) events[size_t(omp_get_thread_num())].push_back(u);
+          for (int64_t u = b; u < e; ++u) events[size_t(team_thread())].push_back(u);
         },
-        StealingBands::kClaimDivisor, [&](int64_t first) { events[size_t(omp_get_thread_num())].push_back(-1 - first); });
+        StealingBands::kClaimDivisor, [&](int64_t first) { events[size_t(team_thread())].push_back(-1 - first); });
     const int64_t per = (n + 2) / 3;
     std::vector<int64_t> units;
     for (int t = 0; t < 3; ++t) {

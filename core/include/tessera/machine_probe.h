@@ -12,7 +12,7 @@ namespace tessera {
 struct ProbeResult {
   double value = 0;     // GB/s (bandwidth) or GFLOP/s (FMA)
   double seconds = 0;   // time spent measuring
-  int threads = 0;      // OpenMP threads used
+  int threads = 0;      // threads used (the thread team, thread_team.h)
   std::string method;   // e.g. "avx2 loads, 1 and 4 streams a thread, 2 and 4 with 2 KiB prefetched ahead, over 256 MiB, best of 8"
 };
 
