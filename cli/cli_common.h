@@ -12,6 +12,7 @@ namespace tessera::cli {
 struct PipelineArgs {
   std::string pipeline;  // -p; empty = pipelines/default.yaml
   std::string model;     // -m
+  std::string model_flag = "-m";  // the option that gave `model`, named in its errors
   std::string backend;   // --backend
   std::string kv_dtype;  // --kv-dtype
   int threads = 0;       // --threads

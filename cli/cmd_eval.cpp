@@ -76,7 +76,10 @@ void eval(const EvalArgs& args) {
     PipelineArgs base_args = args.pipeline;
     base_args.pipeline = args.baseline;
     base_args.kv_dtype.clear();  // --kv-dtype is the evaluated pipeline's: the baseline keeps its own
-    if (!args.baseline_model.empty()) base_args.model = args.baseline_model;
+    if (!args.baseline_model.empty()) {
+      base_args.model = args.baseline_model;
+      base_args.model_flag = "--baseline-model";
+    }
     auto baseline = build_pipeline(registry, base_args);
     // Perplexities and agreement compare token ids: both models must give them the same meaning.
     const Tokenizer& base_tok = baseline->tokenizer();

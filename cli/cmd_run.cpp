@@ -130,6 +130,7 @@ void run(const RunArgs& args) {
       j["pipeline"] = pipeline->describe();
       j["model"] = pipeline->model_path();
       j["weight_bytes"] = model.weight_bytes();
+      j["weights"] = model.weight_formats();
       j["weight_bytes_per_token"] = model.decode_bytes_per_token();
       // Generated text may end inside a UTF-8 sequence: replace what cannot be encoded.
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

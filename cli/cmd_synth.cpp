@@ -76,6 +76,18 @@ void synth(const SynthArgs& a) {
             << " heads, vocab " << s.vocab << ", context " << s.context_length << (s.tied_output ? ", tied" : "")
             << "), " << dtype_name(s.dtype) << ", seed " << s.seed << ", " << human_bytes(double(bytes)) << " in "
             << std::fixed << std::setprecision(2) << secs << " s\n";
+  // Matrices whose rows are not whole blocks of the type stay f32 (as llama.cpp falls back): say which.
+  const int64_t block = dtype_block_elems(s.dtype);
+  const bool dim_kept = s.dim % block != 0, ffn_kept = s.ffn_dim % block != 0;
+  if (dim_kept || ffn_kept) {
+    const std::string which = dim_kept && ffn_kept ? "every matrix stays"
+                              : dim_kept           ? "every matrix but ffn_down stays"
+                                                   : "ffn_down stays";
+    const std::string rows = dim_kept && ffn_kept ? std::to_string(s.dim) + " and " + std::to_string(s.ffn_dim)
+                                                  : std::to_string(dim_kept ? s.dim : s.ffn_dim);
+    std::cerr << "note: " << which << " f32: rows of " << rows << " are not whole " << dtype_name(s.dtype)
+              << " blocks of " << block << "\n";
+  }
 }
 
 }  // namespace

@@ -364,12 +364,18 @@ void GgufFile::parse() {
   // Header: magic, version, then (v2+) 64-bit tensor and key/value counts.
   const uint32_t magic = r.read<uint32_t>("header: magic");
   if (magic != kMagic) {
-    char shown[5] = {};
-    std::memcpy(shown, &magic, 4);
-    for (char& c : shown) {
-      if (c != 0 && (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)) c = '?';
+    // As text where the four bytes are printable, else in hex (a NUL would end the message).
+    unsigned char bytes[4];
+    std::memcpy(bytes, &magic, 4);
+    const bool printable = std::all_of(bytes, bytes + 4, [](unsigned char c) { return c >= 0x20 && c < 0x7f; });
+    std::string found = printable ? "'" + std::string(reinterpret_cast<const char*>(bytes), 4) + "'" : "bytes";
+    if (!printable) {
+      for (const unsigned char c : bytes) {
+        const char digits[] = "0123456789abcdef";
+        found += std::string(" ") + digits[c >> 4] + digits[c & 15];
+      }
     }
-    r.fail(0, "header: magic", "expected 'GGUF', found '" + std::string(shown, 4) + "'");
+    r.fail(0, "header: magic", "expected 'GGUF', found " + found + " (not a GGUF file?)");
   }
   version_ = r.read<uint32_t>("header: version");
   if (version_ != 2 && version_ != 3) {

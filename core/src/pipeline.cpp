@@ -95,9 +95,10 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   PipelineSpec& spec = p->spec_;
   if (!options.model.empty()) {
     spec.model = options.model;
-    spec.model_where = "-m";
+    spec.model_where = options.model_flag;
   }
   if (!options.backend.empty()) {
+    if (options.backend != spec.backend) spec.backend_params = nlohmann::json::object();  // meant for the other one
     spec.backend = options.backend;
     spec.backend_where = "--backend";
   }

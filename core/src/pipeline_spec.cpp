@@ -132,6 +132,9 @@ void merge_component(ComponentSpec& base, ComponentSpec over) {
   base.where = over.where;
 }
 
+PipelineSpec load_root(const std::string& path, const YAML::Node& root, const std::string& canon,
+                       std::set<std::string>& chain);
+
 PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   std::error_code ec;
   const std::string canon = fs::weakly_canonical(path, ec).string();
@@ -139,14 +142,29 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   if (chain.count(canon)) throw Error(path + ": 'extends' forms a cycle");
   chain.insert(canon);
 
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(text);
+    documents = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }
+  if (documents.size() > 1) {
+    throw Error(path + ": holds " + std::to_string(documents.size()) +
+                " YAML documents (separated by '---'); a pipeline is one document");
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
   check_duplicate_keys(path, root);
+  try {
+    return load_root(path, root, canon, chain);
+  } catch (const YAML::Exception& e) {  // a list or map where a name belongs (plugin: [paged], a key that is a list)
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": expected a plain value here, not a list or map (" +
+                e.msg + ")");
+  }
+}
+
+PipelineSpec load_root(const std::string& path, const YAML::Node& root, const std::string& canon,
+                       std::set<std::string>& chain) {
 
   PipelineSpec spec;
   if (const YAML::Node ext = root["extends"]) {
@@ -154,7 +172,7 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
     for (const auto& kv : root) {
       if (kv.first.as<std::string>() == "extends") ext_where = at_value(path, kv.first, kv.second);
     }
-    if (!ext.IsScalar()) throw Error(ext_where + ": 'extends' must be a file name");
+    if (!ext.IsScalar() || ext.Scalar().empty()) throw Error(ext_where + ": 'extends' must be a file name");
     fs::path base = ext.Scalar();
     if (base.is_relative()) base = fs::path(path).parent_path() / base;
     try {
@@ -190,16 +208,22 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
       spec.model_where = where;
     } else if (key == "backend") {
       spec.backend_where = where;
+      std::string name;
+      nlohmann::json params = nlohmann::json::object();
       if (value.IsScalar()) {
-        spec.backend = value.Scalar();
+        name = value.Scalar();
       } else if (value.IsMap() && value["plugin"]) {
-        spec.backend = value["plugin"].as<std::string>();
-        nlohmann::json params = to_json(value);
+        name = value["plugin"].as<std::string>();
+        params = to_json(value);
         params.erase("plugin");
-        spec.backend_params = params;
       } else {
         throw Error(where + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
       }
+      // As for components (merge_component): another backend drops the extended file's parameters,
+      // the same one adds to them.
+      if (name != spec.backend) spec.backend_params = nlohmann::json::object();
+      for (auto& [k, v] : params.items()) spec.backend_params[k] = v;
+      spec.backend = name;
     } else if (key == "kv_dtype") {
       spec.kv_dtype_where = where;
       if (!value.IsScalar()) throw Error(spec.kv_dtype_where + ": 'kv_dtype' must be f32, f16 or bf16");

@@ -248,6 +248,36 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   o = tessera_cmd("run --backend nosuch hello");
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("unknown backend plugin 'nosuch'"), std::string::npos) << o.text;
+
+  // The baseline's model is named by its own flag.
+  o = tessera_cmd("eval --text README.md --baseline pipelines/baseline.yaml --baseline-model /no/such.gguf");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("--baseline-model: model file '/no/such.gguf' not found"), std::string::npos) << o.text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, AQuantizerThatQuantizesNoWeightSaysSo) {
+  // stories260K's rows are 64 and 172 long: groups of 128 fit none of them, so every weight stays
+  // f32 and the run would otherwise pass for an int4 one.
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cli_q_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string g128 = (dir / "g128.yaml").string();
+  std::ofstream(g128) << "extends: " TESSERA_SOURCE_DIR "/pipelines/int4.yaml\n"
+                      << "components:\n  quantizer: { plugin: int4, group_size: 128 }\n";
+  Output o = tessera_cmd("run -n 2 -p '" + g128 + "' Hi");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("warning: the quantizer quantized no weight"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("not a multiple of 128"), std::string::npos) << o.text;
+  o = tessera_cmd("run -n 2 -p pipelines/int4.yaml --format json Hi");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_EQ(o.text.find("warning"), std::string::npos) << o.text;
+  EXPECT_NE(nlohmann::json::parse(o.text)["weights"].get<std::string>().find("int4/g32"), std::string::npos) << o.text;
+  // synth too: Q4_K blocks of 256 hold no row of the tiny model.
+  o = tessera_cmd("synth --preset tiny --dtype q4_k -o '" + (dir / "t.gguf").string() + "'");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("note: every matrix stays f32: rows of 64 and 172 are not whole q4_k blocks of 256"),
+            std::string::npos)
+      << o.text;
   std::filesystem::remove_all(dir);
 }
 

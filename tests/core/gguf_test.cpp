@@ -406,7 +406,9 @@ TEST_F(GgufTest, BadHeaders) {
   std::string good = read_all(kF32);
   std::string bad = good;
   bad.replace(0, 4, "GGML");
-  expect_refused(bad, "magic");
+  expect_refused(bad, "expected 'GGUF', found 'GGML'");
+  bad.replace(0, 4, std::string("@\0\0\x80", 4));  // a NUL used to end the message there
+  expect_refused(bad, "expected 'GGUF', found bytes 40 00 00 80 (not a GGUF file?)");
   for (uint32_t v : {0u, 1u, 4u, 99u, 0x03000000u}) {
     bad = good;
     bad.replace(4, 4, enc<uint32_t>(v));

@@ -182,6 +182,38 @@ TEST_F(PipelineSpecTest, MalformedYamlNamesTheLine) {
   EXPECT_NE(msg.find("invalid YAML"), std::string::npos) << msg;
 }
 
+TEST_F(PipelineSpecTest, ASecondYamlDocumentIsRefusedNotDropped) {
+  const std::string msg = error_of("model: x.gguf\n---\nkv_dtype: f16\n");
+  EXPECT_NE(msg.find("p.yaml: holds 2 YAML documents"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, AListOrMapWhereANameBelongsNamesTheLine) {
+  for (const auto& [text, line] : std::vector<std::pair<std::string, std::string>>{
+           {"backend: cpu\ncomponents:\n  cache: { plugin: [paged] }\n", "p.yaml:3:"},
+           {"backend: { plugin: { a: 1 } }\n", "p.yaml:1:"},
+           {"backend: cpu\n[a, b]: 1\n", "p.yaml:2:"}}) {
+    const std::string msg = error_of(text);
+    EXPECT_NE(msg.find(line + " expected a plain value here, not a list or map"), std::string::npos) << text << msg;
+  }
+  EXPECT_NE(error_of("extends: \"\"\n").find("p.yaml:1: 'extends' must be a file name"), std::string::npos);
+}
+
+TEST_F(PipelineSpecTest, AnotherBackendDropsTheExtendedFilesBackendParameters) {
+  // A file written for a GPU: its device and graphs mean nothing to the CPU backend.
+  write("gpu.yaml", "model: " + test::kStoriesF32 + "\nbackend: { plugin: cuda, device: 3, graphs: false }\n");
+  const PipelineSpec child = load_pipeline_spec(write("child.yaml", "extends: gpu.yaml\nbackend: cpu\n"));
+  EXPECT_EQ(child.backend, "cpu");
+  EXPECT_TRUE(child.backend_params.empty()) << child.backend_params.dump();
+  EXPECT_NO_THROW(Pipeline::build(child, test::plugins()));
+  PipelineOptions flag;
+  flag.backend = "cpu";
+  EXPECT_NO_THROW(Pipeline::build(load_pipeline_spec((dir_ / "gpu.yaml").string()), test::plugins(), flag));
+  // The same backend adds to them.
+  write("cpu2.yaml", "model: " + test::kStoriesF32 + "\nbackend: { plugin: cpu, threads: 2 }\n");
+  const PipelineSpec same = load_pipeline_spec(write("same.yaml", "extends: cpu2.yaml\nbackend: cpu\n"));
+  EXPECT_EQ(same.backend_params, nlohmann::json({{"threads", 2}}));
+}
+
 TEST_F(PipelineSpecTest, MissingFilesAreNamed) {
   try {
     load_pipeline_spec((dir_ / "nope.yaml").string());

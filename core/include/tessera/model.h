@@ -67,6 +67,8 @@ class Model {
   int64_t head_macs() const { return config_.vocab * config_.dim; }
   // A short description of the weight formats, e.g. "f32 x 36" or "q8_0 x 35, f32 x 1".
   std::string weight_formats() const;
+  // Each linear's format (Linear::format()), in load order: "int4/g32/asym", "f32 (fallback: ...)".
+  const std::vector<std::string>& linear_formats() const { return formats_; }
   // The names of the weights offered to the quantizer, in load order ("output.weight" also when
   // the head is tied to token_embd): what its tensor patterns (keep_float ...) are matched against.
   const std::vector<std::string>& linear_names() const { return linear_names_; }

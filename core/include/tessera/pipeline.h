@@ -15,6 +15,7 @@ namespace tessera {
 
 struct PipelineOptions {
   std::string model;    // overrides the pipeline's model when set (-m)
+  std::string model_flag = "-m";  // the option that gave `model`, named in its errors
   std::string backend;  // overrides the pipeline's backend when set
   std::string kv_dtype;  // overrides the pipeline's kv_dtype when set (--kv-dtype)
   int threads = 0;      // CPU threads; 0 = the backend's default
