@@ -512,10 +512,8 @@ void attention(const AttentionArgs& a, const KvLayerView& kv) {
     }
     if (n_folds > 0) {
       team_barrier();
-      const int64_t per = (n_folds + nt - 1) / nt;
-      for (int64_t f = std::min(n_folds, per * t); f < std::min(n_folds, per * (t + 1)); ++f) {
-        fold_band(a, kv, fold_list[size_t(f)], states);
-      }
+      const TeamSlice mine = team_slice(n_folds, t, nt);
+      for (int64_t f = mine.begin; f < mine.end; ++f) fold_band(a, kv, fold_list[size_t(f)], states);
     }
   });
 }

@@ -38,9 +38,8 @@ Scratch& team_quantized_x(Scratch& callers, Scratch& own, int64_t m, int64_t par
     quantize(own, 0, parts);
     return own;
   }
-  const int nt = team_size(), t = team_thread();
-  const int64_t per = (parts + nt - 1) / nt;
-  quantize(callers, std::min(parts, per * t), std::min(parts, per * (t + 1)));
+  const TeamSlice mine = team_slice(parts, team_thread(), team_size());
+  quantize(callers, mine.begin, mine.end);
   team_barrier();
   return callers;
 }
@@ -54,8 +53,8 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
     return;
   }
   team_run([&](int t, int nt) {
-    const int64_t per = (n + nt - 1) / nt;
-    for (int64_t i = std::min(n, per * t); i < std::min(n, per * (t + 1)); ++i) body(i);
+    const TeamSlice mine = team_slice(n, t, nt);
+    for (int64_t i = mine.begin; i < mine.end; ++i) body(i);
   });
 }
 

@@ -29,9 +29,8 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (has_avx2()) {
     if (n <= kParallelWork) return silu_mul_avx2(gate, up, out, 0, n);
     team_run([&](int t, int nt) {
-      const int64_t per = (n + nt - 1) / nt;
-      const int64_t i0 = std::min(n, per * t);
-      silu_mul_avx2(gate, up, out, i0, std::min(n, i0 + per));
+      const TeamSlice mine = team_slice(n, t, nt);
+      silu_mul_avx2(gate, up, out, mine.begin, mine.end);
     });
     return;
   }

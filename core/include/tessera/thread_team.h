@@ -8,6 +8,9 @@
 // kernel sources include it).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 namespace tessera {
 
 // Threads a region started now from this thread gets (OpenMP's max threads for it).
@@ -31,5 +34,14 @@ void team_barrier();
 // Inside a region: this thread's number and the region's thread count (0 and 1 outside one).
 int team_thread();
 int team_size();
+
+// Thread t's part [begin, end) of n items dealt evenly over nt threads (empty past the end).
+struct TeamSlice {
+  int64_t begin, end;
+};
+inline TeamSlice team_slice(int64_t n, int t, int nt) {
+  const int64_t per = (n + nt - 1) / nt;
+  return {std::min(n, per * t), std::min(n, per * (t + 1))};
+}
 
 }  // namespace tessera
