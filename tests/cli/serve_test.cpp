@@ -589,13 +589,7 @@ int signal_during_start_up(const std::vector<std::string>& args, int sig) {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    std::vector<std::string> all = {TESSERA_BINARY, "serve", "--port", "0", "--threads", "1"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(TESSERA_BINARY, argv.data());
-    _exit(127);
+    test::exec_serve(args, "1");
   }
   const unsigned long bit = 1ul << (sig - 1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -58,6 +58,17 @@ inline std::string slow_serve_pipeline(const TempDir& dir, const std::string& se
   return dir.write("slow.yaml", text);
 }
 
+// In a forked child: becomes `tessera serve --port 0 --threads THREADS ARGS`.
+[[noreturn]] inline void exec_serve(const std::vector<std::string>& args, const std::string& threads) {
+  std::vector<std::string> all = {TESSERA_BINARY, "serve", "--port", "0", "--threads", threads};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(TESSERA_BINARY, argv.data());
+  _exit(127);
+}
+
 // `tessera serve ARGS --port 0` as a child process; the port comes from its "listening on" line.
 class ServerProcess {
  public:
@@ -72,13 +83,7 @@ class ServerProcess {
       const int err = open(stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (err >= 0) dup2(err, 2);
       close(out[0]);
-      std::vector<std::string> all = {TESSERA_BINARY, "serve", "--port", "0", "--threads", "2"};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(TESSERA_BINARY, argv.data());
-      _exit(127);
+      exec_serve(args, "2");
     }
     close(out[1]);
     out_fd_ = out[0];
