@@ -13,6 +13,7 @@
 
 #include "api_error.h"
 #include "openai_response.h"
+#include "peer_socket.h"
 #include "tessera/error.h"
 
 namespace tessera::serve {
@@ -60,6 +61,7 @@ struct HttpServer::Stream {
   std::string pending;  // text not yet sent (an unfinished UTF-8 sequence)
   bool role_sent = false;
   bool finished = false;  // the last chunk and [DONE] went out
+  bool observed = false;  // its result is in the metrics
 };
 
 HttpServer::HttpServer(Pipeline& pipeline, ServingEngine& engine, ChatTemplate chat, ServerConfig config)
@@ -235,7 +237,7 @@ void HttpServer::routes() {
         return;
       }
       if (!whole) return;  // cut off or unreadable: httplib set the status, the error handler answers
-      generate(endpoint, body, res);
+      generate(endpoint, body, req, res);
     };
   };
   s.Post("/v1/completions", post(Endpoint::completions));
@@ -418,7 +420,8 @@ class HttpServer::Admission {
   bool held_ = false;
 };
 
-void HttpServer::generate(Endpoint endpoint, const std::string& body, httplib::Response& res) {
+void HttpServer::generate(Endpoint endpoint, const std::string& body, const httplib::Request& req,
+                          httplib::Response& res) {
   std::string user;
   Admission admission(*this);
   try {
@@ -455,8 +458,20 @@ void HttpServer::generate(Endpoint endpoint, const std::string& body, httplib::R
 
     std::string text;
     std::optional<GenerationResult> result;
-    while (!result) handle->wait(std::chrono::milliseconds(200), text, result);
+    const int connection = connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    bool gone = false;  // the client closed its connection: nobody to answer
+    while (!result) {
+      handle->wait(std::chrono::milliseconds(50), text, result);
+      if (!result && !gone && connection >= 0 && peer_closed(connection)) {
+        gone = true;
+        engine_.cancel(handle->id());
+      }
+    }
     metrics_.observe(user, *result);
+    if (gone) {
+      metrics_.count_user(user, 499);
+      return;
+    }
     if (result->reason == FinishReason::error) {
       if (!engine_.failure().empty()) throw ApiError(500, result->error, "", "internal_error");
       throw bad_field("", result->error, "generation_failed");
@@ -501,6 +516,7 @@ void HttpServer::start_stream(std::shared_ptr<Stream> st, httplib::Response& res
           return true;  // httplib checks the socket before calling again: a gone client ends the stream
         }
         metrics_.observe(st->request.user, *result);
+        st->observed = true;
         if (!st->pending.empty() && !send(chunk_json(st->meta, st->pending))) return false;
         if (result->reason == FinishReason::error || result->reason == FinishReason::cancelled) {
           const ApiError e = result->reason == FinishReason::cancelled
@@ -525,6 +541,14 @@ void HttpServer::start_stream(std::shared_ptr<Stream> st, httplib::Response& res
         // Called when the response is over: a client that went away cancels its request, which
         // gives its KV blocks back.
         if (!success || !st->finished) engine_.cancel(st->handle->id());
+        // A stream cut short still counts its tokens and first-token time; the cancelled result
+        // comes within a step.
+        std::string text;
+        std::optional<GenerationResult> result;
+        for (int i = 0; i < 100 && !st->observed && !result; ++i) {
+          st->handle->wait(std::chrono::milliseconds(50), text, result);
+        }
+        if (result) metrics_.observe(st->request.user, *result);
         metrics_.count_user(st->request.user, st->finished ? 200 : 499);
         leave();
       });

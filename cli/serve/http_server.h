@@ -61,7 +61,7 @@ class HttpServer {
   struct Stream;
   class Admission;
   void routes();
-  void generate(Endpoint endpoint, const std::string& body, httplib::Response& res);
+  void generate(Endpoint endpoint, const std::string& body, const httplib::Request& req, httplib::Response& res);
   GenerationRequest build_request(const OpenAiRequest& r) const;
   void start_stream(std::shared_ptr<Stream> st, httplib::Response& res);
   bool try_admit();

@@ -532,7 +532,31 @@ TEST(ServeLimits, ADisconnectedStreamIsCancelledAndFreesItsBlocks) {
   EXPECT_EQ(test::metric(page, R"(tessera_user_requests_total{user="quitter",status="499"})"), 1) << page;
   EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
   EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
-  // Cancelled, not run to the end.
+  // Cancelled, not run to the end; what it generated is counted.
+  EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
+  EXPECT_GE(test::metric(page, R"(tessera_user_generation_tokens_total{user="quitter"})").value_or(0), 1) << page;
+}
+
+TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
+  // Nothing is written to a non-streaming client until the end: the server watches its connection
+  // (an SDK's timeout and retry would otherwise leave the first attempt generating).
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
+  auto c = server.client();
+  {
+    test::RawConnection conn(server.port());
+    json body = json::parse(long_stream(1500, "leaver"));
+    body["stream"] = false;
+    conn.post("/v1/completions", body.dump());
+    test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
+  }  // closed while it generates
+  const std::string page = test::wait_for_metrics(c, [](const std::string& p) {
+    return test::metric(p, R"(tessera_user_requests_total{user="leaver",status="499"})") == 1 &&
+           test::metric(p, "tessera_requests_running") == 0 && test::metric(p, "tessera_kv_blocks_used") == 0;
+  });
+  EXPECT_EQ(test::metric(page, R"(tessera_user_requests_total{user="leaver",status="499"})"), 1) << page;
+  EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
+  EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
   EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
 }
 

@@ -1,0 +1,17 @@
+// A request's connection, watched while a non-streaming answer is generated: a client that went
+// away cancels its request (its KV blocks go back, its place in the batch goes to others), as a
+// stream's failed write does. httplib 0.11 hands a handler no socket, so it is found among the
+// process's descriptors by the connection's two ends.
+#pragma once
+
+#include <string>
+
+namespace tessera::serve {
+
+// The socket whose local and peer ends are these (as httplib's Request gives them); -1 when none is.
+int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port);
+
+// Whether the peer has closed the connection, or it failed.
+bool peer_closed(int fd);
+
+}  // namespace tessera::serve
