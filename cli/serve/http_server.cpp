@@ -458,7 +458,7 @@ void HttpServer::generate(Endpoint endpoint, const std::string& body, const http
 
     std::string text;
     std::optional<GenerationResult> result;
-    const int connection = connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    const int connection = connection_socket(req.local_port, req.remote_addr, req.remote_port);
     bool gone = false;  // the client closed its connection: nobody to answer
     while (!result) {
       handle->wait(std::chrono::milliseconds(50), text, result);

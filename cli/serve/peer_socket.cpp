@@ -29,7 +29,7 @@ std::string host_of(const sockaddr_storage& a, socklen_t len) {
 
 }  // namespace
 
-int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port) {
+int connection_socket(int local_port, const std::string& remote_addr, int remote_port) {
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) return -1;
   int found = -1;
@@ -43,8 +43,7 @@ int connection_socket(const std::string& local_addr, int local_port, const std::
         getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
       continue;  // not a connected socket
     }
-    if (port_of(self) == local_port && port_of(peer) == remote_port && host_of(peer, peer_len) == remote_addr &&
-        host_of(self, self_len) == local_addr) {
+    if (port_of(self) == local_port && port_of(peer) == remote_port && host_of(peer, peer_len) == remote_addr) {
       found = int(fd);
       break;
     }

@@ -8,8 +8,8 @@
 
 namespace tessera::serve {
 
-// The socket whose local and peer ends are these (as httplib's Request gives them); -1 when none is.
-int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port);
+// The socket with this local port and this peer (as httplib's Request gives them); -1 when none is.
+int connection_socket(int local_port, const std::string& remote_addr, int remote_port);
 
 // Whether the peer has closed the connection, or it failed.
 bool peer_closed(int fd);
