@@ -526,10 +526,14 @@ void HttpServer::start_stream(std::shared_ptr<Stream> st, httplib::Response& res
           if (!send(e.body())) return false;
         } else {
           json last = chunk_json(st->meta, "", nullptr, openai_finish_reason(result->reason));
-          // Usage rides on the last chunk; with include_usage also in OpenAI's separate usage chunk.
-          last["usage"] = usage_json(*result);
-          if (!send(last)) return false;
-          if (st->request.include_usage && !send(usage_chunk_json(st->meta, *result))) return false;
+          // Usage rides on the last chunk, or with include_usage in OpenAI's separate usage chunk
+          // alone: once, for clients that add up the usage of every chunk.
+          if (st->request.include_usage) {
+            if (!send(last) || !send(usage_chunk_json(st->meta, *result))) return false;
+          } else {
+            last["usage"] = usage_json(*result);
+            if (!send(last)) return false;
+          }
         }
         static const std::string done = "data: [DONE]\n\n";
         if (!sink.write(done.data(), done.size())) return false;

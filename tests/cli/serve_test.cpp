@@ -130,8 +130,16 @@ TEST_F(Serve, StreamedCompletionEqualsTheWholeOne) {
   EXPECT_EQ(test::sse_data(res->body).back(), "[DONE]");
   EXPECT_EQ(s.text, whole["choices"][0]["text"]);
   EXPECT_EQ(s.finish_reason, whole["choices"][0]["finish_reason"]);
-  EXPECT_EQ(s.usage, whole["usage"]);
   EXPECT_EQ(s.usage_chunk, whole["usage"]);
+  EXPECT_TRUE(s.usage.is_null()) << "usage sent twice: on the last chunk and in the usage chunk";
+  // Without include_usage it rides on the last chunk.
+  auto plain = c.Post("/v1/completions",
+                      json({{"prompt", "Lily and Ben"}, {"max_tokens", 20}, {"stream", true}}).dump(),
+                      "application/json");
+  ASSERT_TRUE(plain);
+  const auto p = test::parse_stream(plain->body);
+  EXPECT_EQ(p.usage, whole["usage"]);
+  EXPECT_TRUE(p.usage_chunk.is_null());
 }
 
 TEST_F(Serve, StreamedChatOpensWithTheRoleAndEqualsTheWholeOne) {
