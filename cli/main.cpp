@@ -21,6 +21,17 @@ int main(int argc, char** argv) {
   tessera::cli::add_serve_command(app);
   tessera::cli::add_bench_command(app);
   tessera::cli::set_bench_command_line(argc, argv);
+  // CLI11 words an unknown command as a missing one ("A subcommand is required"): name it.
+  std::string known;
+  bool found = false;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    found = found || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !found) {
+    std::cerr << "error: unknown command '" << argv[1] << "' (commands: " << known << ")\n";
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

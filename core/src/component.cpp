@@ -1,5 +1,7 @@
 #include "tessera/component.h"
 
+#include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "tessera/backend.h"
@@ -56,8 +58,13 @@ size_t CacheGeometry::bytes_per_token() const {
 
 void validate_sampling(const SamplingParams& p) {
   auto bad = [](const std::string& field, double v, const std::string& rule) {
+    // 1.5, -1, nan, 1000000: as the user wrote it, not "1.500000" or "1e+06".
     std::ostringstream value;
-    value << v;  // 1.5, -1, nan: as the user wrote it, not "1.500000"
+    if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e15) {
+      value << int64_t(v);
+    } else {
+      value << v;
+    }
     throw Error("invalid sampling parameter " + field + "=" + value.str() + ": " + rule);
   };
   // Written as !(in range) so that NaN is refused too.

@@ -161,11 +161,17 @@ bool Engine::step() {
         // Fail that request alone; the others go on.
         Sequence& s = *waiting_.front();
         const CacheStats cs = cache.stats();
-        s.result.error = "the KV cache cannot hold this request (" + std::to_string(s.tokens.size()) +
-                         " tokens, up to " + std::to_string(s.max_total) + " with the tokens to generate) in " +
-                         std::to_string(cs.blocks_total) + " blocks of " + std::to_string(cs.block_size) +
-                         " tokens; give the cache more memory, ask for fewer tokens, or "
-                         "lower the scheduler's admission_reserve";
+        auto count = [](int64_t n, const char* what) {
+          return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+        };
+        // A prompt larger than the whole pool fits whatever the scheduler keeps in reserve.
+        const bool prompt_fits = int64_t(s.tokens.size()) <= cs.blocks_total * cs.block_size;
+        s.result.error = "the KV cache cannot hold this request (" + count(int64_t(s.tokens.size()), "token") +
+                         ", up to " + std::to_string(s.max_total) + " with the tokens to generate) in " +
+                         count(cs.blocks_total, "block") + " of " + count(cs.block_size, "token") +
+                         "; give the cache more memory, " +
+                         (prompt_fits ? "ask for fewer tokens, or lower the scheduler's admission_reserve"
+                                      : "or send a shorter prompt");
         finish(s, FinishReason::error);
         waiting_.erase(waiting_.begin());
       }

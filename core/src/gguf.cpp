@@ -447,14 +447,16 @@ void GgufFile::parse() {
       r.fail(dims_at, field, "n_dims " + std::to_string(n_dims) + " is outside 1.." + std::to_string(kMaxDims));
     }
     uint64_t elems = 1;
+    std::string dims;  // the dimensions read so far, for the error
     for (uint32_t d = 0; d < n_dims; ++d) {
       const size_t at = r.pos();
       const uint64_t ne = r.read<uint64_t>(field + ": dimension " + std::to_string(d));
-      if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          mul_overflows(elems, ne, elems) ||
-          elems > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        r.fail(at, field, "dimension " + std::to_string(d) + " = " + std::to_string(ne) +
-                              " makes the element count overflow int64");
+      dims += (d == 0 ? "" : ", ") + std::to_string(ne);
+      if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        r.fail(at, field, "dimension " + std::to_string(d) + " = " + std::to_string(ne) + " is over int64's maximum");
+      }
+      if (mul_overflows(elems, ne, elems) || elems > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        r.fail(at, field, "dimensions [" + dims + "] make the element count overflow int64");
       }
       t.shape.push_back(static_cast<int64_t>(ne));
     }

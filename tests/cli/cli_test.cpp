@@ -249,6 +249,12 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("unknown backend plugin 'nosuch'"), std::string::npos) << o.text;
 
+  o = tessera_cmd("bogus");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("unknown command 'bogus' (commands: run, plugins, eval, synth, serve, bench)"),
+            std::string::npos)
+      << o.text;
+
   // The baseline's model is named by its own flag.
   o = tessera_cmd("eval --text README.md --baseline pipelines/baseline.yaml --baseline-model /no/such.gguf");
   EXPECT_EQ(o.status, 1);
@@ -558,7 +564,8 @@ TEST(Cli, RunRefusesOutOfRangeSamplingFlagsNamingThem) {
            {"--presence-penalty -2.5", "presence_penalty=-2.5"},
            {"--min-p 1.5", "min_p=1.5"},
            {"--repetition-penalty 0", "repetition_penalty=0"},
-           {"--logprobs 21", "logprobs=21"}}) {
+           {"--logprobs 21", "logprobs=21"},
+           {"--logprobs 1000000", "logprobs=1000000:"}}) {
     const Output o = tessera_cmd("run -n 2 " + flag + " hello");
     EXPECT_EQ(o.status, 1) << flag << ": " << o.text;
     EXPECT_NE(o.text.find(field), std::string::npos) << flag << ": " << o.text;

@@ -145,7 +145,10 @@ TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
       EXPECT_NE(r.error.find("cannot hold this request (20 tokens, up to 24 with the tokens to generate) in "),
                 std::string::npos)
           << r.error;
-      EXPECT_NE(r.error.find("1 blocks of 16 tokens"), std::string::npos) << r.error;
+      // The prompt alone is more than the pool holds: a smaller reserve cannot help.
+      EXPECT_NE(r.error.find("1 block of 16 tokens; give the cache more memory, or send a shorter prompt"),
+                std::string::npos)
+          << r.error;
     } else {
       EXPECT_EQ(r.id, good);
       EXPECT_EQ(r.tokens, (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
