@@ -524,6 +524,22 @@ TEST(ServeLimits, AFullQueueGets429WithRetryAfter) {
   EXPECT_EQ(e["type"], "rate_limit_error");
 }
 
+// After `user`'s client went away mid-generation: its request counted as 499, cancelled well before
+// its 1500 tokens, its blocks back in the pool and what it generated counted.
+void expect_cancelled_and_freed(httplib::Client& c, const std::string& user) {
+  const std::string gone = R"(tessera_user_requests_total{user=")" + user + R"(",status="499"})";
+  const std::string page = test::wait_for_metrics(c, [&](const std::string& p) {
+    return test::metric(p, gone) == 1 && test::metric(p, "tessera_requests_running") == 0 &&
+           test::metric(p, "tessera_kv_blocks_used") == 0;
+  });
+  EXPECT_EQ(test::metric(page, gone), 1) << page;
+  EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
+  EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
+  EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
+  EXPECT_GE(test::metric(page, R"(tessera_user_generation_tokens_total{user=")" + user + R"("})").value_or(0), 1)
+      << page;
+}
+
 TEST(ServeLimits, ADisconnectedStreamIsCancelledAndFreesItsBlocks) {
   test::TempDir dir;
   ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
@@ -533,16 +549,7 @@ TEST(ServeLimits, ADisconnectedStreamIsCancelledAndFreesItsBlocks) {
     conn.read_until("\"text\"");
   }  // closed after the first chunk
   auto c = server.client();
-  const std::string page = test::wait_for_metrics(c, [](const std::string& p) {
-    return test::metric(p, R"(tessera_user_requests_total{user="quitter",status="499"})") == 1 &&
-           test::metric(p, "tessera_requests_running") == 0 && test::metric(p, "tessera_kv_blocks_used") == 0;
-  });
-  EXPECT_EQ(test::metric(page, R"(tessera_user_requests_total{user="quitter",status="499"})"), 1) << page;
-  EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
-  EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
-  // Cancelled, not run to the end; what it generated is counted.
-  EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
-  EXPECT_GE(test::metric(page, R"(tessera_user_generation_tokens_total{user="quitter"})").value_or(0), 1) << page;
+  expect_cancelled_and_freed(c, "quitter");
 }
 
 TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
@@ -558,14 +565,7 @@ TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
     conn.post("/v1/completions", body.dump());
     test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
   }  // closed while it generates
-  const std::string page = test::wait_for_metrics(c, [](const std::string& p) {
-    return test::metric(p, R"(tessera_user_requests_total{user="leaver",status="499"})") == 1 &&
-           test::metric(p, "tessera_requests_running") == 0 && test::metric(p, "tessera_kv_blocks_used") == 0;
-  });
-  EXPECT_EQ(test::metric(page, R"(tessera_user_requests_total{user="leaver",status="499"})"), 1) << page;
-  EXPECT_EQ(test::metric(page, "tessera_kv_blocks_used"), 0) << page;
-  EXPECT_EQ(test::metric(page, "tessera_requests_in_flight"), 0) << page;
-  EXPECT_LT(test::metric(page, "tessera_engine_decode_tokens_total").value_or(1e9), 1000) << page;
+  expect_cancelled_and_freed(c, "leaver");
 }
 
 // Streams `n` requests on raw connections; returns them once each is generating.
