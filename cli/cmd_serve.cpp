@@ -48,6 +48,14 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
   c.max_body_bytes = p.get_int("max_body_bytes");
   c.shutdown_deadline = p.get_float("shutdown_deadline");
   c.http_threads = p.get_int("http_threads");
+  // Every admitted request holds an HTTP thread until it is answered; past the threads, requests
+  // would wait unseen in httplib's queue (no 429, not in the metrics) and /health with them.
+  if (c.http_threads < c.max_queue + serve::kSpareHttpThreads) {
+    throw Error(where + ": http_threads " + std::to_string(c.http_threads) + " must be at least max_queue " +
+                std::to_string(c.max_queue) + " + " + std::to_string(serve::kSpareHttpThreads) +
+                " (requests past the threads would wait unseen and never get their 429; the spare threads "
+                "answer /health, /metrics and refusals)");
+  }
   c.model_name = p.get_string("model_name");
   c.default_max_tokens = p.get_int("default_max_tokens");
   c.chat_template = p.get_string("chat_template");

@@ -31,6 +31,10 @@ struct Response;
 
 namespace tessera::serve {
 
+// HTTP threads beyond max_queue (server.http_threads >= max_queue + this): they answer /health,
+// /metrics and refusals while max_queue requests are generating.
+inline constexpr int64_t kSpareHttpThreads = 8;
+
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
@@ -38,7 +42,7 @@ struct ServerConfig {
   int64_t max_queue = 256;
   int64_t max_body_bytes = 1 << 20;
   double shutdown_deadline = 10;  // seconds
-  int64_t http_threads = 64;
+  int64_t http_threads = 264;
   std::string model_name;  // the id clients send as "model"
   int64_t default_max_tokens = 256;
   std::string chat_template = "auto";  // see ChatTemplate::choose

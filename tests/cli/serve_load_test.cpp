@@ -79,7 +79,7 @@ TEST(ServeLoad, SixtyFourClientsFiveHundredRequestsMatchSingleRequestsAndFreeThe
   constexpr int kClients = 64;
   constexpr size_t kRequests = 500;
   test::TempDir dir;
-  ServerProcess server({"-p", test::serve_pipeline(dir, "  http_threads: 80\n")});
+  ServerProcess server({"-p", test::serve_pipeline(dir, "  http_threads: 80\n  max_queue: 72\n")});
 
   // References: each distinct request alone, one at a time.
   std::map<std::pair<std::string, int>, Outcome> reference;

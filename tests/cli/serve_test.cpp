@@ -579,6 +579,15 @@ std::vector<std::unique_ptr<test::RawConnection>> start_streams(int port, int n,
   return conns;
 }
 
+TEST(ServeLimits, FewerHttpThreadsThanMaxQueueNeedsIsRefusedAtStart) {
+  // Requests past the threads would wait unseen in httplib's queue: no 429, not in the metrics.
+  test::TempDir dir;
+  const std::string path = test::serve_pipeline(dir, "  http_threads: 64\n");
+  const test::Output o = test::tessera_cmd("serve --port 0 -p '" + path + "'");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("server: http_threads 64 must be at least max_queue 256 + 8"), std::string::npos) << o.text;
+}
+
 TEST(ServeShutdown, SigtermRefusesNewRequestsLetsInFlightOnesFinishAndExitsZero) {
   test::TempDir dir;
   ServerProcess server({"-p", test::slow_serve_pipeline(dir, "  shutdown_deadline: 120\n")});
