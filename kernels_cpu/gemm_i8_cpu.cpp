@@ -7,11 +7,12 @@
 //   1  oneDNN's s8·s8->s32 matmul (builds with TESSERA_DNNL only; refused by name otherwise)
 //   2  the scalar reference, whatever the CPU (for tests and comparisons)
 //   3  avx2: vpmaddubsw + vpmaddwd, even where the CPU has VNNI (scalar without AVX2)
-//   4  vnni: vpdpbusd on 256-bit vectors (refused where the CPU lacks it)
+//   4  vnni: vpdpbusd (refused where the CPU lacks it)
 // All quantize x the same way and accumulate exactly in int32, so they agree to the last bit.
 //
 // prepare_weight() packs the weights of auto, avx2 and vnni into 16-row panels that the kernels in
-// gemm_i8_panels_cpu.cpp read (flag kI8PackedPanels); the rows after the last full panel, and
+// gemm_i8_panels_cpu.cpp read (flag kI8PackedPanels; for VNNI off AMX, as w + 128, flag
+// kI8OffsetPanels); the rows after the last full panel, and
 // the other variants, read row-major weights here.
 //
 // A call with m = 0 only validates the view, so a quantizer can learn at load time that a variant
@@ -240,11 +241,6 @@ void gemm_i8_dnnl(const int8_t* xq, const float* sx, int64_t m, const WeightView
 
 }  // namespace
 
-void prepare_weight_i8(WeightView& w) {
-  // Only the AVX2 and VNNI kernels read panels (the scalar code reads rows); a view is packed once.
-  if (simd_kernel(w.kernel_variant) && has_avx2()) prepare_weight_i8_panels(w);
-}
-
 namespace {
 
 // Prefill on AMX where the CPU has it (kernel auto only: avx2 and vnni name their instructions).
@@ -252,10 +248,23 @@ bool uses_amx(int32_t variant, int64_t m, const WeightView& w) {
   return (variant & ~kKernelFlags) == kKernelAuto && m > 1 && w.cols % 64 == 0 && amx_int8_usable();
 }
 
+}  // namespace
+
+void prepare_weight_i8(WeightView& w) {
+  // Only the AVX2 and VNNI kernels read panels (the scalar code reads rows); a view is packed once.
+  // VNNI reads the offset layout, unless AMX may run the prefill (its tiles read signed panels).
+  if (simd_kernel(w.kernel_variant) && has_avx2()) {
+    const bool amx_may_run = (w.kernel_variant & ~kKernelFlags) == kKernelAuto && amx_int8_usable();
+    prepare_weight_i8_panels(w, vnni_for(w.kernel_variant, "i8") && !amx_may_run);
+  }
+}
+
+namespace {
+
 // gemm_i8 into `out`: dense, or (gemm_i8_parts) parts of whole panels, which only the panel
 // kernels write.
 void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut& out) {
-  const int32_t variant = w.kernel_variant & ~kI8PackedPanels;
+  const int32_t variant = w.kernel_variant & ~kKernelFlags;
 #ifndef TESSERA_HAVE_DNNL
   if (variant == kVariantDnnl) {
     throw Error("cpu gemm on i8: the oneDNN kernel was not built (configure with -DTESSERA_DNNL=ON "
@@ -278,15 +287,20 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
     std::vector<int8_t> xq;
     std::vector<float> sx;
     std::vector<int32_t> xp;
+    std::vector<int32_t> x_offset;
   };
   thread_local Scratch mine;
   const int64_t panel_rows = avx2 ? i8_panel_rows(w) : 0;
+  const bool offset = (w.kernel_variant & kI8OffsetPanels) != 0;
   const int64_t panels = panel_rows / 16;
   const int64_t blocks = x_quad_blocks(m);
   auto size_scratch = [&](Scratch& s) {
     s.xq.resize(size_t(m * k));
     s.sx.resize(size_t(m));
-    if (panel_rows > 0) s.xp.resize(size_t(blocks * 6 * (k / 2)));
+    if (panel_rows > 0) {
+      s.xp.resize(size_t(blocks * 6 * (k / 2)));
+      s.x_offset.resize(size_t(m));
+    }
   };
   size_scratch(mine);
 #ifdef TESSERA_HAVE_DNNL
@@ -308,7 +322,8 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
   auto run_units = [&](const Scratch& s, UnitRange r) {
     if (r.begin < panels && amx) gemm_i8_amx(s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), y);
     if (r.begin < panels && !amx) {
-      gemm_i8_panels(s.xp.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels), out, vnni);
+      gemm_i8_panels(s.xp.data(), s.x_offset.data(), s.xq.data(), s.sx.data(), m, w, r.begin, std::min(r.end, panels),
+                     out, vnni);
     }
     if (r.end > panels) {
       const int64_t j0 = panel_rows + (std::max(r.begin, panels) - panels) * kRowsPerTile;
@@ -318,13 +333,15 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
   };
   auto quantize = [&](Scratch& s, int64_t b0, int64_t b1) {
     quantize_rows(x, std::min(m, b0 * 6), std::min(m, b1 * 6), k, s.xq.data(), s.sx.data(), avx2);
-    if (panel_rows > 0 && !amx) pack_x_quads(s.xq.data(), m, k, b0, b1, s.xp.data());
+    if (panel_rows > 0 && !amx) pack_x_quads(s.xq.data(), m, k, b0, b1, offset, s.xp.data(), s.x_offset.data());
   };
 
   if ((m * n * k < kParallelWork && n * k < kParallelStreamBytes) || team_max_threads() == 1) {
     quantize(mine, 0, blocks);
     if (panel_rows > 0 && amx) gemm_i8_amx(mine.xq.data(), mine.sx.data(), m, w, 0, panels, y);
-    if (panel_rows > 0 && !amx) gemm_i8_panels(mine.xp.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, out, vnni);
+    if (panel_rows > 0 && !amx) {
+      gemm_i8_panels(mine.xp.data(), mine.x_offset.data(), mine.xq.data(), mine.sx.data(), m, w, 0, panels, out, vnni);
+    }
     gemm_rows(mine.xq.data(), mine.sx.data(), 0, m, w, panel_rows, n, y, avx2);
     return;
   }
@@ -348,7 +365,7 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
 void gemm_i8(const float* x, int64_t m, const WeightView& w, float* y) { gemm_i8_into(x, m, w, PanelOut(y, w.rows)); }
 
 bool gemm_i8_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts) {
-  const int32_t variant = w.kernel_variant & ~kI8PackedPanels;
+  const int32_t variant = w.kernel_variant & ~kKernelFlags;
   if (w.dtype != DType::I8 || m < 2 || i8_panel_rows(w) != w.rows || !simd_kernel(variant) ||
       uses_amx(variant, m, w) || !PanelOut::splits(w.rows, parts, n_parts)) {
     return false;

@@ -22,6 +22,12 @@
 // and /2/128 at 2048x768, one thread, 30 alternating runs each); the int8 110m decode, bound by
 // memory, gained ~4% (8 alternating `tessera run` pairs). The VNNI functions repeat their AVX2 twins'
 // loops because a function's instruction set is fixed where it is defined.
+// Those signed VNNI panels now serve only CPUs with AMX (its tiles read them for prefill, kernel
+// auto): elsewhere VNNI reads the offset layout (kI8OffsetPanels, rows_into_y_offset, tile_offset),
+// one 512-bit vpdpbusd per quad line and no sign step. On a Zen 4 VM (BM_Gemm/2, 2048x768, 2
+// alternating runs each): the 128-row prefill 1957-1968 -> 1154-1174 us on one thread, 1030-1044 ->
+// 589-648 us on two; the decode GEMV from cache 18.2-19.0 -> 17.3-17.5 us on one thread, 12.2-12.9
+// -> 10.9-11.4 us on two.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -200,10 +206,70 @@ __attribute__((target(VNNI_TARGET))) void rows_into_y_vnni(const int32_t* xp, co
   }
 }
 
+// The offset layout (kI8OffsetPanels, VNNI): a panel's whole quads hold w + 128 (w ^ 0x80), so
+// vpdpbusd takes the weights as its unsigned operand and x, signed, as it is: one 512-bit vpdpbusd
+// per 64-byte quad line, the broadcast of x folded in, where the signed layout needs vpsignb and two
+// 256-bit vpdpbusd after broadcasting |x| and x. The sum is Σ(w + 128)·x = Σw·x + 128·Σx, and
+// 128·Σx (x_offset, per row of x) is subtracted in int32: the same exact dots, the same bits.
+// xp here holds x's quads alone, (q · rows + r) for a block of rows.
+
+// Decode of S panels `stride` bytes apart (S streams; 1 on AMD, see stream_tuning), two quads a
+// step, each stream prefetching `ahead` bytes on.
+template <int S>
+__attribute__((target(VNNI_TARGET))) void rows_into_y_offset(const int32_t* xp, int32_t x_offset, const int8_t* wp,
+                                                            int64_t kq, int64_t stride, float sx,
+                                                            const float* scales, int64_t scale_stride, float* y,
+                                                            int64_t ahead) {
+  __m512i a[S], b[S];
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p) a[p] = b[p] = _mm512_setzero_si512();
+  int64_t q = 0;
+  for (; q + 2 <= kq; q += 2) {
+    const __m512i x0 = _mm512_set1_epi32(xp[q]), x1 = _mm512_set1_epi32(xp[q + 1]);
+#pragma GCC unroll 4
+    for (int p = 0; p < S; ++p) {
+      const int8_t* w = wp + p * stride + q * kQuadBytes;
+      prefetch_step(w, ahead);
+      a[p] = _mm512_dpbusd_epi32(a[p], _mm512_loadu_si512(w), x0);
+      b[p] = _mm512_dpbusd_epi32(b[p], _mm512_loadu_si512(w + kQuadBytes), x1);
+    }
+  }
+  if (q < kq) {
+    const __m512i x0 = _mm512_set1_epi32(xp[q]);
+#pragma GCC unroll 4
+    for (int p = 0; p < S; ++p) a[p] = _mm512_dpbusd_epi32(a[p], _mm512_loadu_si512(wp + p * stride + q * kQuadBytes), x0);
+  }
+  const __m512i offset = _mm512_set1_epi32(x_offset);
+  const __m512 s = _mm512_set1_ps(sx);
+#pragma GCC unroll 4
+  for (int p = 0; p < S; ++p) {
+    const __m512i dots = _mm512_sub_epi32(_mm512_add_epi32(a[p], b[p]), offset);
+    const __m512 scale = _mm512_mul_ps(s, _mm512_loadu_ps(scales + p * scale_stride));
+    _mm512_storeu_ps(y + p * scale_stride, _mm512_mul_ps(_mm512_cvtepi32_ps(dots), scale));
+  }
+}
+
+// out[MR][16] = the offset dots Σ(w + 128)·x over the kq quads of MR rows of x.
+template <int MR>
+__attribute__((target(VNNI_TARGET))) void tile_offset(const int32_t* xp, const int8_t* wp, int64_t kq, int32_t* out) {
+  __m512i acc[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < kq; ++q) {
+    const __m512i w = _mm512_loadu_si512(wp + q * kQuadBytes);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(xp[q * MR + r]));
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) _mm512_storeu_si512(out + r * kPanel, acc[r]);
+}
+
 using TileFn = void (*)(const int32_t*, const int8_t*, int64_t, int32_t*);
 constexpr TileFn kTiles[kMr + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 constexpr TileFn kTilesVnni[kMr + 1] = {nullptr,       tile_vnni<1>, tile_vnni<2>, tile_vnni<3>,
                                         tile_vnni<4>, tile_vnni<5>, tile_vnni<6>};
+constexpr TileFn kTilesOffset[kMr + 1] = {nullptr,         tile_offset<1>, tile_offset<2>, tile_offset<3>,
+                                          tile_offset<4>, tile_offset<5>, tile_offset<6>};
 
 // Where row `row`'s value of column `col` sits in its panel (col below the last whole quad).
 inline int64_t quad_offset(int64_t row, int64_t col) {
@@ -235,8 +301,9 @@ __attribute__((target("avx2"))) void quads_of_row(const int8_t* row, int64_t kq,
 
 }  // namespace
 
-void prepare_weight_i8_panels(WeightView& w) {
+void prepare_weight_i8_panels(WeightView& w, bool offset) {
   const int64_t k = w.cols;
+  const int8_t flip = offset ? int8_t(-128) : int8_t(0);  // w ^ 0x80 = w + 128 as an unsigned byte
   auto* data = static_cast<int8_t*>(const_cast<void*>(w.data));
   std::vector<int8_t> rows(size_t(kPanel * k));
   for (int64_t j = 0; j + kPanel <= w.rows; j += kPanel) {
@@ -245,22 +312,38 @@ void prepare_weight_i8_panels(WeightView& w) {
     const int64_t whole = k / 4 * 4;
     for (int64_t r = 0; r < kPanel; ++r) {
       const int8_t* row = rows.data() + r * k;
-      for (int64_t c = 0; c < whole; ++c) panel[quad_offset(r, c)] = row[c];
+      for (int64_t c = 0; c < whole; ++c) panel[quad_offset(r, c)] = int8_t(row[c] ^ flip);
       for (int64_t c = whole; c < k; ++c) panel[whole * kPanel + (c - whole) * kPanel + r] = row[c];
     }
   }
-  w.kernel_variant |= kI8PackedPanels;
+  w.kernel_variant |= kI8PackedPanels | (offset ? kI8OffsetPanels : 0);
 }
 
 int64_t i8_panel_rows(const WeightView& w) {
   return (w.kernel_variant & kI8PackedPanels) != 0 ? (w.rows / kPanel) * kPanel : 0;
 }
 
-void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp) {
+void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, bool offset, int32_t* xp,
+                  int32_t* x_offset) {
   const int64_t kq = k / 4;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * kMr;
     const int64_t mr = std::min(kMr, m - i0);
+    if (offset) {
+      int32_t* dst = xp + i0 * kq;
+      for (int64_t r = 0; r < mr; ++r) {
+        const int8_t* row = xq + (i0 + r) * k;
+        int32_t sum = 0;
+        for (int64_t c = 0; c < kq * 4; ++c) sum += row[c];
+        x_offset[i0 + r] = 128 * sum;
+        if (mr == 1) {
+          std::memcpy(dst, row, size_t(kq) * 4);
+          continue;
+        }
+        for (int64_t q = 0; q < kq; ++q) std::memcpy(dst + q * mr + r, row + 4 * q, 4);
+      }
+      continue;
+    }
     int32_t* dst = xp + i0 * kq * 2;
     if (mr == 1) {
       quads_of_row(xq + i0 * k, kq, dst);
@@ -275,11 +358,12 @@ void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1
 
 int64_t x_quad_blocks(int64_t m) { return (m + kMr - 1) / kMr; }
 
-void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
-                    int64_t q0, int64_t q1, const PanelOut& out, bool vnni) {
+void gemm_i8_panels(const int32_t* xp, const int32_t* x_offset, const int8_t* xq, const float* sx, int64_t m,
+                    const WeightView& w, int64_t q0, int64_t q1, const PanelOut& out, bool vnni) {
   const int64_t k = w.cols;
   const int64_t kq = k / 4;
   const auto* panels = static_cast<const int8_t*>(w.data);
+  const bool offset = (w.kernel_variant & kI8OffsetPanels) != 0;
   if (m == 1 && k % 4 == 0) {  // decode: one dense y (gemm_parts is for batches)
     float* const y = out.dense();
     // amd tuning: one stream a thread, its claimed panels one after another. On a Zen 3 VM (two
@@ -291,6 +375,21 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     // -> 334 tok/s (8 alternating `tessera run -n 256` pairs, all faster), BM_GemvStream/2 27 -> 35 GB/s.
     const int64_t ahead = decode_prefetch_bytes(0);
     constexpr int S = kIntelI8DecodeStreams;
+    if (offset) {
+      if (stream_tuning() == StreamTuning::intel && q1 - q0 >= S) {
+        const int64_t spacing = (q1 - q0) / S;
+        for (int64_t q = q0; q < q0 + spacing; ++q) {
+          rows_into_y_offset<S>(xp, x_offset[0], panels + q * kPanel * k, kq, spacing * kPanel * k, sx[0],
+                                w.scales + q * kPanel, spacing * kPanel, y + q * kPanel, ahead / S);
+        }
+        q0 += spacing * S;
+      }
+      for (int64_t q = q0; q < q1; ++q) {
+        rows_into_y_offset<1>(xp, x_offset[0], panels + q * kPanel * k, kq, 0, sx[0], w.scales + q * kPanel, 0,
+                              y + q * kPanel, ahead);
+      }
+      return;
+    }
     if (vnni && stream_tuning() == StreamTuning::intel && q1 - q0 >= S) {  // S streams through the claim's parts
       const int64_t spacing = (q1 - q0) / S;
       for (int64_t q = q0; q < q0 + spacing; ++q) {
@@ -314,10 +413,17 @@ void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_
     float* const y = out.columns(q, 1, ld);
     for (int64_t i0 = 0; i0 < m; i0 += kMr) {
       const int64_t mr = std::min(kMr, m - i0);
-      (vnni ? kTilesVnni : kTiles)[mr](xp + i0 * kq * 2, wp, kq, dots);
+      if (offset) {
+        kTilesOffset[mr](xp + i0 * kq, wp, kq, dots);
+      } else {
+        (vnni ? kTilesVnni : kTiles)[mr](xp + i0 * kq * 2, wp, kq, dots);
+      }
       for (int64_t r = 0; r < mr; ++r) {
         const int64_t i = i0 + r;
         int32_t* acc = dots + r * kPanel;
+        if (offset) {
+          for (int64_t c = 0; c < kPanel; ++c) acc[c] -= x_offset[i];
+        }
         for (int64_t c = whole; c < k; ++c) {  // the columns after the last whole quad
           const int32_t xl = xq[i * k + c];
           const int8_t* wc = wp + whole * kPanel + (c - whole) * kPanel;

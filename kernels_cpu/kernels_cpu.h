@@ -125,19 +125,23 @@ void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);
 // The int8 panel layout and kernel (gemm_i8_panels_cpu.cpp), used by gemm_i8.
 inline constexpr int32_t kI8PackedPanels = 1 << 8;  // kernel_variant flag
+inline constexpr int32_t kI8OffsetPanels = 1 << 9;  // and their whole quads hold w + 128 (VNNI)
 inline constexpr int64_t kI8DecodeClaimPanels = 4;  // a decode thread claims panels in groups of this many
-void prepare_weight_i8_panels(WeightView& w);
+void prepare_weight_i8_panels(WeightView& w, bool offset);
 int64_t i8_panel_rows(const WeightView& w);  // rows [0, this) are in panels; 0 when not packed
 int64_t x_quad_blocks(int64_t m);
-void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, int32_t* xp);
+// Rows of x in 6-row blocks [b0, b1) as the panel kernels read them; for offset panels, also
+// x_offset[i] = 128 · (row i's sum over its whole quads).
+void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1, bool offset, int32_t* xp,
+                  int32_t* x_offset);
 // Prefill (m > 1, k a multiple of 64) of panels [q0, q1) on Intel AMX (gemm_i8_amx_cpu.cpp): the
 // same bits as gemm_i8_panels, from the quantized rows xq. amx_int8_usable: the CPU has AMX-INT8,
 // Linux lets the process use the tiles, and TESSERA_CPU_ISA does not cap the kernels.
 bool amx_int8_usable();
 void gemm_i8_amx(const int8_t* xq, const float* sx, int64_t m, const WeightView& w, int64_t q0, int64_t q1, float* y);
 class PanelOut;
-void gemm_i8_panels(const int32_t* xp, const int8_t* xq, const float* sx, int64_t m, const WeightView& w,
-                    int64_t q0, int64_t q1, const PanelOut& out, bool vnni);
+void gemm_i8_panels(const int32_t* xp, const int32_t* x_offset, const int8_t* xq, const float* sx, int64_t m,
+                    const WeightView& w, int64_t q0, int64_t q1, const PanelOut& out, bool vnni);
 // Backend::gemm_parts on packed int8 panels, for a batch (m > 1) whose parts are whole panels and
 // that does not run on AMX; false, writing nothing, otherwise.
 bool gemm_i8_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts);
