@@ -311,11 +311,13 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // to multiply and sum. Same int32 dots, so the same results to the bit. Two chunks a 512-bit
 // vector (x's quads permuted to match once a block): in the fast minutes of a Zen 4 VM the int4
 // 110m decode's median share of the bandwidth probe 0.805 -> 0.818 (BM_DecodeRoofline/2, 10
-// alternating pairs, 9 higher). Groups, then their blocks: no division per block. Two accumulator chains a half (four in
-// all) were no faster. S bands side by side, each its own stream: amd tuning one a thread with no
-// software prefetch; intel tuning four through the range's quarters, 8 KiB prefetched ahead over
-// them (int4 110m decode 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all faster;
-// the prefetch alone gave +5%).
+// alternating pairs, 9 higher). Groups, then their blocks: no division per block. Two accumulator
+// chains a half (four in all) were no faster; nor was zero_point_terms's work done in this loop as
+// each group's scales and zeros stream by (from L2, 768x768 and 768x2048, 3-8% slower). S bands
+// side by side, each its own stream: amd tuning one a thread with no software prefetch; intel
+// tuning four through the range's quarters, 8 KiB prefetched ahead over them (int4 110m decode
+// 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all faster; the prefetch alone gave
+// +5%).
 template <int S>
 __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                          const Band* bands, int64_t k, int64_t g, int64_t rows,
