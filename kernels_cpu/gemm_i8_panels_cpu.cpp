@@ -27,7 +27,9 @@
 // one 512-bit vpdpbusd per quad line and no sign step. On a Zen 4 VM (BM_Gemm/2, 2048x768, 2
 // alternating runs each): the 128-row prefill 1957-1968 -> 1154-1174 us on one thread, 1030-1044 ->
 // 589-648 us on two; the decode GEMV from cache 18.2-19.0 -> 17.3-17.5 us on one thread, 12.2-12.9
-// -> 10.9-11.4 us on two.
+// -> 10.9-11.4 us on two; the int8 110m decode, in the minutes when the probe read 65-70 GB/s, from
+// 0.81-0.84 of the probe to 0.87-0.89 (BM_DecodeRoofline/1, 4 and 5 runs of 16 alternating pairs;
+// at ~37 GB/s both read as fast as the probe).
 #include <immintrin.h>
 
 #include <algorithm>
