@@ -215,13 +215,13 @@ __attribute__((target(VNNI_TARGET))) void rows_into_y_vnni(const int32_t* xp, co
 // 128·Σx (x_offset, per row of x) is subtracted in int32: the same exact dots, the same bits.
 // xp here holds x's quads alone, (q · rows + r) for a block of rows.
 
-// Decode of S panels `stride` bytes apart (S streams; 1 on AMD, see stream_tuning), two quads a
+// Decode of S panels `spacing` panels apart (S streams; 1 on AMD, see stream_tuning), two quads a
 // step, each stream prefetching `ahead` bytes on.
 template <int S>
 __attribute__((target(VNNI_TARGET))) void rows_into_y_offset(const int32_t* xp, int32_t x_offset, const int8_t* wp,
-                                                            int64_t kq, int64_t stride, float sx,
-                                                            const float* scales, int64_t scale_stride, float* y,
-                                                            int64_t ahead) {
+                                                            int64_t kq, int64_t spacing, float sx,
+                                                            const float* scales, float* y, int64_t ahead) {
+  const int64_t stride = spacing * kPanel * kq * 4;  // bytes from one stream's panel to the next's
   __m512i a[S], b[S];
 #pragma GCC unroll 4
   for (int p = 0; p < S; ++p) a[p] = b[p] = _mm512_setzero_si512();
@@ -246,9 +246,20 @@ __attribute__((target(VNNI_TARGET))) void rows_into_y_offset(const int32_t* xp, 
 #pragma GCC unroll 4
   for (int p = 0; p < S; ++p) {
     const __m512i dots = _mm512_sub_epi32(_mm512_add_epi32(a[p], b[p]), offset);
-    const __m512 scale = _mm512_mul_ps(s, _mm512_loadu_ps(scales + p * scale_stride));
-    _mm512_storeu_ps(y + p * scale_stride, _mm512_mul_ps(_mm512_cvtepi32_ps(dots), scale));
+    const __m512 scale = _mm512_mul_ps(s, _mm512_loadu_ps(scales + p * spacing * kPanel));
+    _mm512_storeu_ps(y + p * spacing * kPanel, _mm512_mul_ps(_mm512_cvtepi32_ps(dots), scale));
   }
+}
+
+// Σ of a row's n bytes of x (n a multiple of 4), exact: vpdpbusd against ones, 64 bytes at a time.
+__attribute__((target(VNNI_TARGET))) int32_t sum_of_bytes(const int8_t* v, int64_t n) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i acc = _mm512_setzero_si512();
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512(v + c));
+  int32_t sum = _mm512_reduce_add_epi32(acc);
+  for (; c < n; ++c) sum += v[c];
+  return sum;
 }
 
 // out[MR][16] = the offset dots Σ(w + 128)·x over the kq quads of MR rows of x.
@@ -335,9 +346,7 @@ void pack_x_quads(const int8_t* xq, int64_t m, int64_t k, int64_t b0, int64_t b1
       int32_t* dst = xp + i0 * kq;
       for (int64_t r = 0; r < mr; ++r) {
         const int8_t* row = xq + (i0 + r) * k;
-        int32_t sum = 0;
-        for (int64_t c = 0; c < kq * 4; ++c) sum += row[c];
-        x_offset[i0 + r] = 128 * sum;
+        x_offset[i0 + r] = 128 * sum_of_bytes(row, kq * 4);
         if (mr == 1) {
           std::memcpy(dst, row, size_t(kq) * 4);
           continue;
@@ -377,32 +386,25 @@ void gemm_i8_panels(const int32_t* xp, const int32_t* x_offset, const int8_t* xq
     // -> 334 tok/s (8 alternating `tessera run -n 256` pairs, all faster), BM_GemvStream/2 27 -> 35 GB/s.
     const int64_t ahead = decode_prefetch_bytes(0);
     constexpr int S = kIntelI8DecodeStreams;
-    if (offset) {
-      if (stream_tuning() == StreamTuning::intel && q1 - q0 >= S) {
-        const int64_t spacing = (q1 - q0) / S;
-        for (int64_t q = q0; q < q0 + spacing; ++q) {
-          rows_into_y_offset<S>(xp, x_offset[0], panels + q * kPanel * k, kq, spacing * kPanel * k, sx[0],
-                                w.scales + q * kPanel, spacing * kPanel, y + q * kPanel, ahead / S);
-        }
-        q0 += spacing * S;
-      }
-      for (int64_t q = q0; q < q1; ++q) {
-        rows_into_y_offset<1>(xp, x_offset[0], panels + q * kPanel * k, kq, 0, sx[0], w.scales + q * kPanel, 0,
-                              y + q * kPanel, ahead);
-      }
-      return;
-    }
     if (vnni && stream_tuning() == StreamTuning::intel && q1 - q0 >= S) {  // S streams through the claim's parts
       const int64_t spacing = (q1 - q0) / S;
       for (int64_t q = q0; q < q0 + spacing; ++q) {
-        rows_into_y_vnni<S>(xp, panels + q * kPanel * k, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel,
-                            ahead / S);
+        const int8_t* wp = panels + q * kPanel * k;
+        if (offset) {
+          rows_into_y_offset<S>(xp, x_offset[0], wp, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel, ahead / S);
+        } else {
+          rows_into_y_vnni<S>(xp, wp, kq, spacing, sx[0], w.scales + q * kPanel, y + q * kPanel, ahead / S);
+        }
       }
       q0 += spacing * S;
     }
     for (int64_t q = q0; q < q1; ++q) {
-      (vnni ? row_into_y_vnni : row_into_y)(xp, panels + q * kPanel * k, kq, sx[0], w.scales + q * kPanel,
-                                            y + q * kPanel, ahead);
+      const int8_t* wp = panels + q * kPanel * k;
+      if (offset) {
+        rows_into_y_offset<1>(xp, x_offset[0], wp, kq, 1, sx[0], w.scales + q * kPanel, y + q * kPanel, ahead);
+      } else {
+        (vnni ? row_into_y_vnni : row_into_y)(xp, wp, kq, sx[0], w.scales + q * kPanel, y + q * kPanel, ahead);
+      }
     }
     return;
   }
