@@ -412,6 +412,97 @@ __attribute__((target(VNNI_TARGET))) void band_rows_vnni(const int8_t* xr, const
   }
 }
 
+// Prefill with VNNI on two neighbouring bands at once, their chunks interleaved into `nib`
+// (run_band_pair) and their scales into `s16` ([group][16]): a 64-byte line holds one x quad's
+// columns for all 16 rows, so each vpdpbusd takes the quad broadcast and its 16 lanes are 16 rows'
+// dots, with no permutes of x and no folding of halves, and a block's float work (combine, convert,
+// scale, FMA) serves 16 rows a vector where band_rows_vnni's serves 8. 128-row prefill from cache,
+// one thread: ~30% less time (BM_Gemm/3/128/2048/768 and 768/2048, 3 alternating runs: 2433-2475 ->
+// 1710-1766 us with a 16-row layout). Decode keeps 8-row bands: laid out in 16-row bands, its
+// share of the bandwidth probe was no higher and mostly lower (int4 110m, alternating
+// BM_DecodeRoofline/2 runs). Eight rows of x at a time spill registers (twice the time); four:
+// kRows rows of x (row r at xr + r·k, its y at y + r·ldy); the same exact
+// dots and float operations in the same order as band_rows_vnni: the same bits.
+template <int kRows>
+__attribute__((target(VNNI_TARGET))) void band_pair_rows_vnni(const int8_t* xr, const float* xd, const float* gsum,
+                                                              const Band (&pair)[2], const uint8_t* nib,
+                                                              const float* s16, int64_t k, int64_t g, float* y,
+                                                              int64_t ldy) {
+  const int64_t groups = k / g;
+  const int64_t blocks = k / kBlock;
+  const int64_t blocks_per_group = g / kBlock;
+  __m512 acc[kRows];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
+    const __m512 s = _mm512_loadu_ps(s16 + gi * 2 * kRowsPerBand);
+    for (int64_t gb = 0; gb < blocks_per_group; ++gb, ++b) {
+      __m512i lo[kRows], hi[kRows];
+      for (int r = 0; r < kRows; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const auto* v = reinterpret_cast<const __m512i*>(nib) + b * 8 + 2 * c;
+        const __m512i l = _mm512_loadu_si512(v), h = _mm512_loadu_si512(v + 1);
+#pragma GCC unroll 4
+        for (int r = 0; r < kRows; ++r) {
+          const auto* xq = reinterpret_cast<const int32_t*>(xr + r * k + b * kBlock);
+          lo[r] = _mm512_dpbusd_epi32(lo[r], l, _mm512_set1_epi32(xq[2 * c]));
+          hi[r] = _mm512_dpbusd_epi32(hi[r], h, _mm512_set1_epi32(xq[2 * c + 1]));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(xd[r * blocks + b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo[r], hi[r])), sd, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    alignas(64) float c[2 * kRowsPerBand];
+    _mm256_store_ps(c, zero_point_terms(pair[0], gsum + r * groups, groups));
+    _mm256_store_ps(c + kRowsPerBand, zero_point_terms(pair[1], gsum + r * groups, groups));
+    _mm512_storeu_ps(y + r * ldy, _mm512_sub_ps(acc[r], _mm512_load_ps(c)));
+  }
+}
+
+// Two neighbouring whole bands against m > 1 quantized rows of x (y at the first band's first
+// column): their nibbles split and interleaved once into `scratch` (per block of 32 columns, four
+// pairs of 64-byte lines: both bands' chunk c, low nibbles, then high ones), then their scales.
+__attribute__((target(VNNI_TARGET))) void run_band_pair(const QuantizedX& xq, int64_t m, const Band (&pair)[2],
+                                                        int64_t k, int64_t g, float* y, int64_t n,
+                                                        std::vector<uint8_t>& scratch) {
+  const int64_t blocks = k / kBlock;
+  const int64_t groups = k / g;
+  const int64_t nibble_bytes = blocks * 8 * int64_t(sizeof(__m512i));
+  scratch.resize(size_t(nibble_bytes + groups * 2 * kRowsPerBand * int64_t(sizeof(float))));
+  auto* v = reinterpret_cast<__m512i*>(scratch.data());
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* first = pair[0].block(b, g / kBlock);
+    const uint8_t* second = pair[1].block(b, g / kBlock);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i w = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + 32 * c))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + 32 * c)), 1);
+      _mm512_storeu_si512(v + b * 8 + 2 * c, _mm512_and_si512(w, mask));
+      _mm512_storeu_si512(v + b * 8 + 2 * c + 1, _mm512_and_si512(_mm512_srli_epi16(w, 4), mask));
+    }
+  }
+  auto* s16 = reinterpret_cast<float*>(scratch.data() + nibble_bytes);
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    std::copy_n(pair[0].scales(gi), kRowsPerBand, s16 + gi * 2 * kRowsPerBand);
+    std::copy_n(pair[1].scales(gi), kRowsPerBand, s16 + gi * 2 * kRowsPerBand + kRowsPerBand);
+  }
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    band_pair_rows_vnni<4>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, pair,
+                           scratch.data(), s16, k, g, y + i * n, n);
+  }
+  for (; i < m; ++i) {
+    band_pair_rows_vnni<1>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, pair,
+                           scratch.data(), s16, k, g, y + i * n, n);
+  }
+}
+
 // One band against all m quantized rows of x (y at the band's first column). For m > 1 the band's
 // nibbles are split once into `scratch` (256 bytes per block of 32 columns, L1-resident) and reused
 // by every row.
@@ -488,6 +579,12 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
   }
   for (; j < j1; j += kRowsPerBand) {
     const int64_t rows = std::min(kRowsPerBand, j1 - j);
+    if (m > 1 && vnni && j + 2 * kRowsPerBand <= std::min(j1, at.bands_end)) {
+      const Band pair[2] = {at.band(j), at.band(j + kRowsPerBand)};
+      run_band_pair(xq, m, pair, k, w.group_size, y + j, n, scratch);
+      j += kRowsPerBand;
+      continue;
+    }
     if (j < at.bands_end) {
       run_band(xq, m, at.band(j), rows, k, w.group_size, y + j, n, scratch, vnni);
       continue;

@@ -166,12 +166,12 @@ std::vector<float> gemm_on(const WeightView& v, const std::vector<float>& x, int
 }
 
 TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
-  // The CPU backend packs whole 8-row bands for the AVX2 kernel (prepare_weight) and leaves the
-  // rows after them row-major; the packed kernel must compute exactly what it computes on row-major
-  // weights, on rows that are not whole tiles, k of odd block counts, every group size, and with
-  // a team of threads (771 x 768 forks by bytes streamed), and give a row of x the same bits alone
-  // or in a batch. Both stay within the activation step
-  // of the scalar reference.
+  // The CPU backend packs whole 8-row bands for the AVX2 kernel (prepare_weight; VNNI's prefill
+  // reads them two at a time) and leaves the rows after them row-major; the packed kernel must
+  // compute exactly what it computes on row-major weights, on rows that are not whole tiles, k of
+  // odd block counts, every group size, and with a team of threads (771 x 768 forks by bytes
+  // streamed), and give a row of x the same bits alone or in a batch. Both stay within the
+  // activation step of the scalar reference.
   struct Shape {
     int64_t n, k;
   };
@@ -187,7 +187,7 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
       q_named.push_back(int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", kernel}}));
     }
     for (const Shape& sh : {Shape{1, 32}, Shape{3, 96}, Shape{4, 160}, Shape{5, 224}, Shape{7, 64}, Shape{8, 384},
-                            Shape{13, 288}, Shape{37, 640}, Shape{771, 768}}) {
+                            Shape{13, 288}, Shape{16, 96}, Shape{37, 640}, Shape{771, 768}}) {
       if (sh.k % c.group != 0) continue;
       const auto w = random_floats(size_t(sh.n * sh.k), ++seed, -1.5f, 2.0f);
       const WeightSource src{"blk.3.attn_v.weight", DType::F32, w.data(), sh.n, sh.k};
