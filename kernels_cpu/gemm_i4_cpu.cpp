@@ -30,7 +30,6 @@
 #include <atomic>
 #include <cmath>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -365,69 +364,25 @@ __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const
   }
 }
 
-// Prefill with VNNI: kRows rows of x (row r: xr + r·k, its y at y + r·ldy) against a band split
-// into `nib` (run_band), the high nibbles already shifted down. Each load of the split nibbles
-// serves every row, and each row takes the same operations in the same order whatever kRows, so
-// its bits are the same alone or in a batch (and band_row_vnni's: the same exact dots). Four rows:
-// the 128-row prefill from cache took ~20% less time than one row at a time (BM_Gemm/3/128/2048/768,
-// one thread, 30 alternating runs: min 2569 vs 3191 us for the AVX2 code, which one row at a time
-// matched); eight rows spill registers (40% slower).
-template <int kRows>
-__attribute__((target(VNNI_TARGET))) void band_rows_vnni(const int8_t* xr, const float* xd, const float* gsum,
-                                                         const Band& band, const uint8_t* nib, int64_t k, int64_t g,
-                                                         int64_t rows, float* y, int64_t ldy) {
-  const int64_t groups = k / g;
-  const int64_t blocks = k / kBlock;
-  const int64_t blocks_per_group = g / kBlock;
-  __m256 acc[kRows];
-  for (auto& a : acc) a = _mm256_setzero_ps();
-  for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
-    const __m256 s = _mm256_loadu_ps(band.scales(gi));
-    for (int64_t gb = 0; gb < blocks_per_group; ++gb, ++b) {
-      __m256i lo[kRows], hi[kRows];
-      for (int r = 0; r < kRows; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const auto* v = reinterpret_cast<const __m256i*>(nib) + b * 8 + 2 * c;
-        const __m256i l = _mm256_loadu_si256(v), h = _mm256_loadu_si256(v + 1);
-#pragma GCC unroll 4
-        for (int r = 0; r < kRows; ++r) {
-          const auto* xq = reinterpret_cast<const int32_t*>(xr + r * k + b * kBlock);
-          lo[r] = _mm256_dpbusd_epi32(lo[r], l, _mm256_set1_epi32(xq[2 * c]));
-          hi[r] = _mm256_dpbusd_epi32(hi[r], h, _mm256_set1_epi32(xq[2 * c + 1]));
-        }
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < kRows; ++r) {
-        const __m256 sd = _mm256_mul_ps(s, _mm256_set1_ps(xd[r * blocks + b]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo[r], hi[r])), sd, acc[r]);
-      }
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    alignas(32) float out[kRowsPerBand], c[kRowsPerBand];
-    _mm256_store_ps(out, acc[r]);
-    _mm256_store_ps(c, zero_point_terms(band, gsum + r * groups, groups));
-    for (int64_t j = 0; j < rows; ++j) y[r * ldy + j] = out[j] - c[j];
-  }
-}
-
 // Prefill with VNNI on two neighbouring bands at once, their chunks interleaved into `nib`
 // (run_band_pair) and their scales into `s16` ([group][16]): a 64-byte line holds one x quad's
 // columns for all 16 rows, so each vpdpbusd takes the quad broadcast and its 16 lanes are 16 rows'
 // dots, with no permutes of x and no folding of halves, and a block's float work (combine, convert,
-// scale, FMA) serves 16 rows a vector where band_rows_vnni's serves 8. 128-row prefill from cache,
-// one thread: ~30% less time (BM_Gemm/3/128/2048/768 and 768/2048, 3 alternating runs: 2433-2475 ->
-// 1710-1766 us with a 16-row layout). Decode keeps 8-row bands: laid out in 16-row bands, its
-// share of the bandwidth probe was no higher and mostly lower (int4 110m, alternating
-// BM_DecodeRoofline/2 runs). Eight rows of x at a time spill registers (twice the time); four:
-// kRows rows of x (row r at xr + r·k, its y at y + r·ldy); the same exact
-// dots and float operations in the same order as band_rows_vnni: the same bits.
+// scale, FMA) serves 16 rows a vector where one band's served 8: the 128-row prefill from cache,
+// one thread, took ~30% less time than one band at a time (BM_Gemm/3/128/2048/768, 768/2048 and
+// 768/768, 3 alternating runs: 2430-2653 -> 1672-1722 us, 2562-2712 -> 1737-1784, 924-931 -> 639-651).
+// Decode keeps 8-row bands: laid out in 16-row bands, its share of the bandwidth probe was lower
+// (int4 110m, BM_DecodeRoofline/2, ~0.81 vs ~0.845 median in the fast minutes over ~10 alternating
+// pairs of several variants). kRows rows of x (row r at xr + r·k, its y at y + r·ldy; `rows` of the
+// 16 stored): each load of the split nibbles serves every row of x, and each row takes the same
+// operations in the same order whatever kRows, so its bits are the same alone or in a batch, and
+// the same as bands_row_vnni's (the same exact dots and float operations). Four rows of x: against
+// one at a time ~20% less time (measured on one band); eight spill registers (twice the time).
 template <int kRows>
 __attribute__((target(VNNI_TARGET))) void band_pair_rows_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                               const Band (&pair)[2], const uint8_t* nib,
-                                                              const float* s16, int64_t k, int64_t g, float* y,
-                                                              int64_t ldy) {
+                                                              const float* s16, int64_t k, int64_t g, int64_t rows,
+                                                              float* y, int64_t ldy) {
   const int64_t groups = k / g;
   const int64_t blocks = k / kBlock;
   const int64_t blocks_per_group = g / kBlock;
@@ -460,15 +415,16 @@ __attribute__((target(VNNI_TARGET))) void band_pair_rows_vnni(const int8_t* xr, 
     alignas(64) float c[2 * kRowsPerBand];
     _mm256_store_ps(c, zero_point_terms(pair[0], gsum + r * groups, groups));
     _mm256_store_ps(c + kRowsPerBand, zero_point_terms(pair[1], gsum + r * groups, groups));
-    _mm512_storeu_ps(y + r * ldy, _mm512_sub_ps(acc[r], _mm512_load_ps(c)));
+    _mm512_mask_storeu_ps(y + r * ldy, __mmask16((1u << rows) - 1), _mm512_sub_ps(acc[r], _mm512_load_ps(c)));
   }
 }
 
-// Two neighbouring whole bands against m > 1 quantized rows of x (y at the first band's first
-// column): their nibbles split and interleaved once into `scratch` (per block of 32 columns, four
-// pairs of 64-byte lines: both bands' chunk c, low nibbles, then high ones), then their scales.
+// Two neighbouring bands against m > 1 quantized rows of x, `rows` of their 16 rows stored (y at
+// the first band's first column; a band alone comes as a pair with itself, its rows stored): their
+// nibbles split and interleaved once into `scratch` (per block of 32 columns, four pairs of 64-byte
+// lines: both bands' chunk c, low nibbles, then high ones), then their scales.
 __attribute__((target(VNNI_TARGET))) void run_band_pair(const QuantizedX& xq, int64_t m, const Band (&pair)[2],
-                                                        int64_t k, int64_t g, float* y, int64_t n,
+                                                        int64_t rows, int64_t k, int64_t g, float* y, int64_t n,
                                                         std::vector<uint8_t>& scratch) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
@@ -495,17 +451,17 @@ __attribute__((target(VNNI_TARGET))) void run_band_pair(const QuantizedX& xq, in
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) {
     band_pair_rows_vnni<4>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, pair,
-                           scratch.data(), s16, k, g, y + i * n, n);
+                           scratch.data(), s16, k, g, rows, y + i * n, n);
   }
   for (; i < m; ++i) {
     band_pair_rows_vnni<1>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, pair,
-                           scratch.data(), s16, k, g, y + i * n, n);
+                           scratch.data(), s16, k, g, rows, y + i * n, n);
   }
 }
 
-// One band against all m quantized rows of x (y at the band's first column). For m > 1 the band's
-// nibbles are split once into `scratch` (256 bytes per block of 32 columns, L1-resident) and reused
-// by every row.
+// One band against all m quantized rows of x (y at the band's first column). For m > 1 VNNI takes
+// it as a pair with itself (run_band_pair); the AVX2 code splits its nibbles once into `scratch`
+// (256 bytes per block of 32 columns, L1-resident) for every row.
 __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t m, const Band& band, int64_t rows,
                                                   int64_t k, int64_t g, float* y, int64_t n,
                                                   std::vector<uint8_t>& scratch, bool vnni) {
@@ -518,6 +474,10 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
     return band_row<false>(xq.q.data(), xq.d.data(), xq.gsum.data(), band, nullptr, k, g, rows, y,
                            decode_prefetch_bytes(kPrefetchBytes));
   }
+  if (vnni) {
+    const Band pair[2] = {band, band};
+    return run_band_pair(xq, m, pair, rows, k, g, y, n, scratch);
+  }
   scratch.resize(size_t(blocks * 8 * sizeof(__m256i)));
   auto* v = reinterpret_cast<__m256i*>(scratch.data());
   for (int64_t gi = 0, i = 0; gi < groups; ++gi) {  // a group's 32-byte chunks are one after another
@@ -528,24 +488,9 @@ __attribute__((target("avx2,fma"))) void run_band(const QuantizedX& xq, int64_t 
       _mm256_storeu_si256(v + 2 * i + 1, nb.hi);
     }
   }
-  auto at = [&](int64_t i) {  // row i of quantized x: its bytes, block scales and group sums
-    return std::make_tuple(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups);
-  };
-  int64_t i = 0;
-  if (vnni) {
-    for (; i + 4 <= m; i += 4) {
-      const auto [xr, xd, gs] = at(i);
-      band_rows_vnni<4>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n, n);
-    }
-    for (; i < m; ++i) {
-      const auto [xr, xd, gs] = at(i);
-      band_rows_vnni<1>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n, n);
-    }
-    return;
-  }
-  for (; i < m; ++i) {
-    const auto [xr, xd, gs] = at(i);
-    band_row<true>(xr, xd, gs, band, scratch.data(), k, g, rows, y + i * n);
+  for (int64_t i = 0; i < m; ++i) {
+    band_row<true>(xq.q.data() + i * k, xq.d.data() + i * blocks, xq.gsum.data() + i * groups, band,
+                   scratch.data(), k, g, rows, y + i * n);
   }
 }
 
@@ -581,7 +526,7 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
     const int64_t rows = std::min(kRowsPerBand, j1 - j);
     if (m > 1 && vnni && j + 2 * kRowsPerBand <= std::min(j1, at.bands_end)) {
       const Band pair[2] = {at.band(j), at.band(j + kRowsPerBand)};
-      run_band_pair(xq, m, pair, k, w.group_size, y + j, n, scratch);
+      run_band_pair(xq, m, pair, 2 * kRowsPerBand, k, w.group_size, y + j, n, scratch);
       j += kRowsPerBand;
       continue;
     }
