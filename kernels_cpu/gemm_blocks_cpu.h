@@ -279,50 +279,62 @@ void run_band_avx2(const uint8_t* band, const BlockActivations& x, int64_t i0, i
   }
 }
 
-// Prefill with VNNI on one tile of a band, as Format::unpack_band_half_vnni lays it out: per block
-// 64 bytes of the four rows' elements 0-15 (row r in 128-bit lane r), 64 bytes of their elements
-// 16-31, all unsigned (the stored value plus Format::kVnniOffset), and the spread scales. x's
-// halves are broadcast to the four lanes, so each vpdpbusd gives every int32 lane its quad's
-// products for all four rows at once, and the offset's products (offset·Σx over the lane's quads,
-// the same for the four rows) come off once per x row and block: the exact lane sums of tile<> and
-// band_row. With the scales times d_x and one FMA a lane, in the same order, and the four lanes a
-// row summed by hsum4, every output has the bits of tile<>'s.
+// Prefill with VNNI on a band as Format::unpack_band_vnni lays it out: per block, for each of its
+// two tiles (rows 4h..4h+3), 64 bytes of the four rows' elements 0-15 (row r in 128-bit lane r) and
+// 64 bytes of their elements 16-31, all unsigned (the stored value plus Format::kVnniOffset); the
+// tiles' spread scales (store_spread_scales at index 2b + h). x's halves are broadcast to the four
+// lanes, so each vpdpbusd gives every int32 lane its quad's products for four rows at once, and the
+// offset's products (offset·Σx over the lane's quads, the same for all eight rows) come off once
+// per x row and block: the exact lane sums of tile<> and band_row. With the scales times d_x and
+// one FMA a lane, in the same order, and each row's four lanes summed by hsum4, every output has
+// the bits of tile<>'s. out[r][i]: band row r, x row i.
 template <int kX>
-__attribute__((target(VNNI_TARGET))) void tile_rows_vnni(const uint8_t* buf, const float* bufd, uint8_t offset,
+__attribute__((target(VNNI_TARGET))) void band_rows_vnni(const uint8_t* buf, const float* bufd, uint8_t offset,
                                                          const int8_t* const* xq, const float* const* xd,
                                                          int64_t blocks, float (*out)[4]) {
   const __m512i off = _mm512_set1_epi8(static_cast<char>(offset));
-  __m512 acc[kX];
-  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 acc[2][kX];
+  for (auto& tile : acc) {
+    for (auto& a : tile) a = _mm512_setzero_ps();
+  }
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* w = reinterpret_cast<const __m512i*>(buf + b * 128);
-    const __m512i wlo = _mm512_loadu_si512(w), whi = _mm512_loadu_si512(w + 1);
-    const __m512 dw = _mm512_loadu_ps(bufd + b * kBufferScalesPerBlock);
+    const auto* w = reinterpret_cast<const __m512i*>(buf + b * 256);
+    const __m512i wlo[2] = {_mm512_loadu_si512(w), _mm512_loadu_si512(w + 2)};
+    const __m512i whi[2] = {_mm512_loadu_si512(w + 1), _mm512_loadu_si512(w + 3)};
+    const __m512 dw[2] = {_mm512_loadu_ps(bufd + (2 * b) * kBufferScalesPerBlock),
+                          _mm512_loadu_ps(bufd + (2 * b + 1) * kBufferScalesPerBlock)};
 #pragma GCC unroll 4
     for (int i = 0; i < kX; ++i) {
       const int8_t* xb = xq[i] + b * kQBlock;
       const __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
       const __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
       const __m512i offset_dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xlo), off, xhi);
-      const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, xlo), whi, xhi);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dots, offset_dots)),
-                               _mm512_mul_ps(dw, _mm512_set1_ps(xd[i][b])), acc[i]);
+      const __m512 dx = _mm512_set1_ps(xd[i][b]);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i dots = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo[h], xlo), whi[h], xhi);
+        acc[h][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dots, offset_dots)), _mm512_mul_ps(dw[h], dx),
+                                    acc[h][i]);
+      }
     }
   }
-  for (int i = 0; i < kX; ++i) {
-    out[0][i] = hsum4(_mm512_extractf32x4_ps(acc[i], 0));
-    out[1][i] = hsum4(_mm512_extractf32x4_ps(acc[i], 1));
-    out[2][i] = hsum4(_mm512_extractf32x4_ps(acc[i], 2));
-    out[3][i] = hsum4(_mm512_extractf32x4_ps(acc[i], 3));
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < kX; ++i) {
+      out[4 * h][i] = hsum4(_mm512_extractf32x4_ps(acc[h][i], 0));
+      out[4 * h + 1][i] = hsum4(_mm512_extractf32x4_ps(acc[h][i], 1));
+      out[4 * h + 2][i] = hsum4(_mm512_extractf32x4_ps(acc[h][i], 2));
+      out[4 * h + 3][i] = hsum4(_mm512_extractf32x4_ps(acc[h][i], 3));
+    }
   }
 }
 
 // run_band_avx2 with VNNI: one x row (decode) through Format::band_row_vnni, a batch through
-// tile_rows_vnni four x rows at a time, each tile of the band unpacked once for all of them. The
-// same int32 dots and float operations, so the same bits. 128-row prefill from cache, one thread,
-// against the AVX2 tiles (BM_Gemm/4|5/128/{2048/768,768/2048,768/768}, 3 alternating runs): Q8_0
-// 4216-4558 -> 3052-3087 us, 4024-4033 -> 2873-2944, 1582-1688 -> 1144-1150; Q4_0 3447-3454 ->
-// 3027-3031, 3258-3269 -> 2866-2888, 1299-1301 -> 1142-1192.
+// band_rows_vnni four x rows at a time, the band unpacked once for all of them. The same int32
+// dots and float operations, so the same bits. 128-row prefill from cache, one thread
+// (BM_Gemm/4|5/128/{2048/768,768/2048,768/768}, 3 alternating runs per step), AVX2 tiles -> VNNI a
+// tile at a time -> both tiles in one pass (x's broadcasts and offset dots shared): Q8_0 4216-4558
+// -> 3052-3087 -> 2581-2605 us, 4024-4033 -> 2873-2944 -> 2480-2485, 1582-1688 -> 1144-1150 ->
+// 974-984; Q4_0 3447-3454 -> 3027-3031 -> 2566-2597, 3258-3269 -> 2866-2888 -> 2442-2466,
+// 1299-1301 -> 1142-1192 -> 966-981.
 template <class Format>
 void run_band_vnni(const uint8_t* band, const BlockActivations& x, int64_t i0, int64_t i1, float* y, int64_t ldy) {
   const int64_t blocks = x.k / kQBlock;
@@ -330,24 +342,24 @@ void run_band_vnni(const uint8_t* band, const BlockActivations& x, int64_t i0, i
     return Format::band_row_vnni(band, x.q + i0 * x.k, x.d + i0 * blocks, blocks, y,
                                  decode_prefetch_bytes(kBlockPrefetchBytes));
   }
-  TileBuffer& buf = tile_buffer<Format>(blocks);
-  for (int half = 0; half < 2; ++half) {
-    Format::unpack_band_half_vnni(band, half, blocks, buf);
-    for (int64_t i = i0; i < i1;) {
-      const int kx = int(std::min<int64_t>(4, i1 - i));
-      const int8_t* xr[4];
-      const float* dr[4];
-      for (int q = 0; q < kx; ++q) xr[q] = x.q + (i + q) * x.k, dr[q] = x.d + (i + q) * blocks;
-      float out[4][4];
-      using Rows = void (*)(const uint8_t*, const float*, uint8_t, const int8_t* const*, const float* const*,
-                            int64_t, float (*)[4]);
-      constexpr Rows kRows[5] = {nullptr, tile_rows_vnni<1>, tile_rows_vnni<2>, tile_rows_vnni<3>, tile_rows_vnni<4>};
-      kRows[kx](buf.q.data(), buf.d.data(), Format::kVnniOffset, xr, dr, blocks, out);
-      for (int q = 0; q < kx; ++q) {
-        for (int r = 0; r < 4; ++r) y[(i - i0 + q) * ldy + 4 * half + r] = out[r][q];
-      }
-      i += kx;
+  thread_local TileBuffer buf;  // the band as band_rows_vnni reads it
+  buf.q.resize(size_t(blocks * 256));
+  buf.d.resize(size_t(blocks * 2 * kBufferScalesPerBlock));
+  Format::unpack_band_vnni(band, blocks, buf);
+  using Rows = void (*)(const uint8_t*, const float*, uint8_t, const int8_t* const*, const float* const*, int64_t,
+                        float (*)[4]);
+  constexpr Rows kRows[5] = {nullptr, band_rows_vnni<1>, band_rows_vnni<2>, band_rows_vnni<3>, band_rows_vnni<4>};
+  for (int64_t i = i0; i < i1;) {
+    const int kx = int(std::min<int64_t>(4, i1 - i));
+    const int8_t* xr[4];
+    const float* dr[4];
+    for (int q = 0; q < kx; ++q) xr[q] = x.q + (i + q) * x.k, dr[q] = x.d + (i + q) * blocks;
+    float out[kRowsPerBand][4];
+    kRows[kx](buf.q.data(), buf.d.data(), Format::kVnniOffset, xr, dr, blocks, out);
+    for (int q = 0; q < kx; ++q) {
+      for (int r = 0; r < kRowsPerBand; ++r) y[(i - i0 + q) * ldy + r] = out[r][q];
     }
+    i += kx;
   }
 }
 

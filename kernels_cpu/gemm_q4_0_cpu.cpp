@@ -150,18 +150,20 @@ struct Q4 {
     }
   }
 
-  // Tile `half` of a band as tile_rows_vnni reads it: the nibbles as they are (q, so offset 8).
+  // The band as band_rows_vnni reads it: the nibbles as they are (q, so offset 8).
   static constexpr uint8_t kVnniOffset = 8;
-  __attribute__((target(VNNI_TARGET ",f16c"))) static void unpack_band_half_vnni(const uint8_t* band, int half,
-                                                                                int64_t blocks, TileBuffer& buf) {
+  __attribute__((target(VNNI_TARGET ",f16c"))) static void unpack_band_vnni(const uint8_t* band, int64_t blocks,
+                                                                           TileBuffer& buf) {
     const __m512i low_mask = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
-      store_spread_scales(buf.d.data(), b, band_half_scales(blk, half));
-      const __m512i q = _mm512_loadu_si512(blk + kBandScaleBytes + 64 * half);  // pairs 2h, 2h + 1
-      auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 128);
-      _mm512_storeu_si512(dst, _mm512_and_si512(q, low_mask));
-      _mm512_storeu_si512(dst + 1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low_mask));
+      for (int half = 0; half < 2; ++half) {
+        store_spread_scales(buf.d.data(), 2 * b + half, band_half_scales(blk, half));
+        const __m512i q = _mm512_loadu_si512(blk + kBandScaleBytes + 64 * half);  // pairs 2h, 2h + 1
+        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 256 + 128 * half);
+        _mm512_storeu_si512(dst, _mm512_and_si512(q, low_mask));
+        _mm512_storeu_si512(dst + 1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low_mask));
+      }
     }
   }
 

@@ -142,20 +142,22 @@ struct Q8 {
     }
   }
 
-  // Tile `half` of a band as tile_rows_vnni reads it: the quants plus 128 (w ^ 0x80, unsigned).
+  // The band as band_rows_vnni reads it: the quants plus 128 (w ^ 0x80, unsigned).
   static constexpr uint8_t kVnniOffset = 128;
-  __attribute__((target(VNNI_TARGET ",f16c"))) static void unpack_band_half_vnni(const uint8_t* band, int half,
-                                                                                int64_t blocks, TileBuffer& buf) {
+  __attribute__((target(VNNI_TARGET ",f16c"))) static void unpack_band_vnni(const uint8_t* band, int64_t blocks,
+                                                                           TileBuffer& buf) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* blk = band + b * kRowsPerBand * kBlockBytes;
-      store_spread_scales(buf.d.data(), b, band_half_scales(blk, half));
-      const auto* src = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 128 * half);  // pairs 2h, 2h + 1
-      const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src)), _mm256_loadu_si256(src + 2), 1);
-      const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src + 1)), _mm256_loadu_si256(src + 3), 1);
-      auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 128);
-      _mm512_storeu_si512(dst, _mm512_xor_si512(lo, flip));
-      _mm512_storeu_si512(dst + 1, _mm512_xor_si512(hi, flip));
+      for (int half = 0; half < 2; ++half) {
+        store_spread_scales(buf.d.data(), 2 * b + half, band_half_scales(blk, half));
+        const auto* src = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 128 * half);  // pairs 2h, 2h + 1
+        const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src)), _mm256_loadu_si256(src + 2), 1);
+        const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src + 1)), _mm256_loadu_si256(src + 3), 1);
+        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 256 + 128 * half);
+        _mm512_storeu_si512(dst, _mm512_xor_si512(lo, flip));
+        _mm512_storeu_si512(dst + 1, _mm512_xor_si512(hi, flip));
+      }
     }
   }
 
