@@ -129,6 +129,10 @@ inline void block_ptrs(const uint8_t* const* wr, int64_t b, const uint8_t** blk)
 // pair's scales are one load.
 inline constexpr int64_t kBufferScalesPerBlock = 16;
 
+// The VNNI prefill's unpacked band (Format::unpack_band_vnni, band_rows_vnni): per block and tile,
+// two 64-byte lines of the tile's four rows (elements 0-15, then 16-31).
+inline constexpr int64_t kVnniTileBlockBytes = 128;
+
 __attribute__((target("avx2,fma"))) inline void store_spread_scales(float* bufd, int64_t b, __m128 d) {
   float s[4];
   _mm_storeu_ps(s, d);
@@ -298,7 +302,7 @@ __attribute__((target(VNNI_TARGET))) void band_rows_vnni(const uint8_t* buf, con
     for (auto& a : tile) a = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < blocks; ++b) {
-    const auto* w = reinterpret_cast<const __m512i*>(buf + b * 256);
+    const auto* w = reinterpret_cast<const __m512i*>(buf + b * 2 * kVnniTileBlockBytes);
     const __m512i wlo[2] = {_mm512_loadu_si512(w), _mm512_loadu_si512(w + 2)};
     const __m512i whi[2] = {_mm512_loadu_si512(w + 1), _mm512_loadu_si512(w + 3)};
     const __m512 dw[2] = {_mm512_loadu_ps(bufd + (2 * b) * kBufferScalesPerBlock),
@@ -343,7 +347,7 @@ void run_band_vnni(const uint8_t* band, const BlockActivations& x, int64_t i0, i
                                  decode_prefetch_bytes(kBlockPrefetchBytes));
   }
   thread_local TileBuffer buf;  // the band as band_rows_vnni reads it
-  buf.q.resize(size_t(blocks * 256));
+  buf.q.resize(size_t(blocks * 2 * kVnniTileBlockBytes));
   buf.d.resize(size_t(blocks * 2 * kBufferScalesPerBlock));
   Format::unpack_band_vnni(band, blocks, buf);
   using Rows = void (*)(const uint8_t*, const float*, uint8_t, const int8_t* const*, const float* const*, int64_t,

@@ -160,7 +160,7 @@ struct Q4 {
       for (int half = 0; half < 2; ++half) {
         store_spread_scales(buf.d.data(), 2 * b + half, band_half_scales(blk, half));
         const __m512i q = _mm512_loadu_si512(blk + kBandScaleBytes + 64 * half);  // pairs 2h, 2h + 1
-        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 256 + 128 * half);
+        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + (2 * b + half) * kVnniTileBlockBytes);
         _mm512_storeu_si512(dst, _mm512_and_si512(q, low_mask));
         _mm512_storeu_si512(dst + 1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low_mask));
       }

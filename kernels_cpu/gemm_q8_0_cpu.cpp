@@ -154,7 +154,7 @@ struct Q8 {
         const auto* src = reinterpret_cast<const __m256i*>(blk + kBandScaleBytes + 128 * half);  // pairs 2h, 2h + 1
         const __m512i lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src)), _mm256_loadu_si256(src + 2), 1);
         const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(src + 1)), _mm256_loadu_si256(src + 3), 1);
-        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + b * 256 + 128 * half);
+        auto* dst = reinterpret_cast<__m512i*>(buf.q.data() + (2 * b + half) * kVnniTileBlockBytes);
         _mm512_storeu_si512(dst, _mm512_xor_si512(lo, flip));
         _mm512_storeu_si512(dst + 1, _mm512_xor_si512(hi, flip));
       }
