@@ -26,6 +26,7 @@
 #include "tessera/engine.h"
 #include "tessera/pipeline.h"
 #include "tessera/synth.h"
+#include "tessera/thread_team.h"
 
 namespace tessera {
 namespace {
@@ -173,8 +174,10 @@ BENCHMARK(BM_AttentionOp)
 // Decode attention as a 110m-shaped model meets it (12 layers of 12 heads of 64, one sequence in a
 // contiguous cache of 1024 positions): each layer's K/V is cold, because a token's weights pass
 // through the caches between two visits. Between layers the team reads 9 MiB, a layer's share of
-// the int8 model's weights, as the GEMVs do: in parallel, so that the worker is spinning, not
-// asleep, when attention forks. A layer's K/V was last read 12 layers (108 MiB) before, like the
+// the int8 model's weights, as the GEMVs do: in parallel on the engine's thread team, so that its
+// worker is spinning, not asleep, when attention forks. (Read in an OpenMP loop, as before the
+// GEMVs moved to the team, OpenMP's threads spun on through the attention call: two teams on two
+// cores, 128 keys ~12x slower than with OMP_WAIT_POLICY=passive.) A layer's K/V was last read 12 layers (108 MiB) before, like the
 // real decode's, while the attention code stays as warm as there. Per call this matches the
 // region's time in an int8 110m decode (`scripts/omp_regions.sh`): ~10 us at 40 keys, ~40 at 128.
 // (An earlier version read 8 MiB on one thread, a loop the compiler removed since it knew the
@@ -213,8 +216,12 @@ void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
     double seconds = 0;
     for (int64_t l = 0; l < kLayers; ++l) {
       const auto lines = static_cast<int64_t>(evict.size() / 16);
-#pragma omp parallel for reduction(+ : sink)
-      for (int64_t i = 0; i < lines; ++i) sink += evict[size_t(i * 16)];
+      std::vector<double> sums(size_t(team_max_threads()), 0.0);
+      team_run([&](int t, int nt) {
+        const TeamSlice mine = team_slice(lines, t, nt);
+        for (int64_t i = mine.begin; i < mine.end; ++i) sums[size_t(t)] += evict[size_t(i * 16)];
+      });
+      for (const double s : sums) sink += s;
       KvLayerView kv;
       kv.k = k[size_t(l)].get();
       kv.v = v[size_t(l)].get();
