@@ -177,9 +177,10 @@ BENCHMARK(BM_AttentionOp)
 // the int8 model's weights, as the GEMVs do: in parallel on the engine's thread team, so that its
 // worker is spinning, not asleep, when attention forks. (Read in an OpenMP loop, as before the
 // GEMVs moved to the team, OpenMP's threads spun on through the attention call: two teams on two
-// cores, 128 keys ~12x slower than with OMP_WAIT_POLICY=passive.) A layer's K/V was last read 12 layers (108 MiB) before, like the
-// real decode's, while the attention code stays as warm as there. Per call this matches the
-// region's time in an int8 110m decode (`scripts/omp_regions.sh`): ~10 us at 40 keys, ~40 at 128.
+// cores, 128 keys ~12x slower than with OMP_WAIT_POLICY=passive.) A layer's K/V was last read 12
+// layers (108 MiB) before, like the real decode's, while the attention code stays as warm as there.
+// Per call this matches the region's time in an int8 110m decode (`scripts/omp_regions.sh`): ~10 us
+// at 40 keys, ~40 at 128.
 // (An earlier version read 8 MiB on one thread, a loop the compiler removed since it knew the
 // buffer's contents: it timed attention over hot K/V, 2-2.5x faster.) Arg: context positions. Only
 // the attention calls are timed; KV_GB is the K and V bytes they read.
@@ -219,7 +220,9 @@ void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
       std::vector<double> sums(size_t(team_max_threads()), 0.0);
       team_run([&](int t, int nt) {
         const TeamSlice mine = team_slice(lines, t, nt);
-        for (int64_t i = mine.begin; i < mine.end; ++i) sums[size_t(t)] += evict[size_t(i * 16)];
+        double sum = 0;
+        for (int64_t i = mine.begin; i < mine.end; ++i) sum += evict[size_t(i * 16)];
+        sums[size_t(t)] = sum;
       });
       for (const double s : sums) sink += s;
       KvLayerView kv;
