@@ -213,11 +213,11 @@ void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
   const AttentionSeqDesc seq{0, 1, int32_t(ctx), 0};
   const int32_t table[1] = {0};
   double sink = 0;
+  std::vector<double> sums(size_t(team_max_threads()), 0.0);  // each thread's eviction read
   for (auto _ : state) {
     double seconds = 0;
     for (int64_t l = 0; l < kLayers; ++l) {
       const auto lines = static_cast<int64_t>(evict.size() / 16);
-      std::vector<double> sums(size_t(team_max_threads()), 0.0);
       team_run([&](int t, int nt) {
         const TeamSlice mine = team_slice(lines, t, nt);
         double sum = 0;
