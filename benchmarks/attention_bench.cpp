@@ -175,10 +175,13 @@ BENCHMARK(BM_AttentionOp)
 // contiguous cache of 1024 positions): each layer's K/V is cold, because a token's weights pass
 // through the caches between two visits. Between layers the team reads 9 MiB, a layer's share of
 // the int8 model's weights, as the GEMVs do: in parallel on the engine's thread team, so that its
-// worker is spinning, not asleep, when attention forks. (Read in an OpenMP loop, as before the
-// GEMVs moved to the team, OpenMP's threads spun on through the attention call: two teams on two
-// cores, 128 keys ~12x slower than with OMP_WAIT_POLICY=passive.) A layer's K/V was last read 12
-// layers (108 MiB) before, like the real decode's, while the attention code stays as warm as there.
+// worker is spinning, not asleep, when attention forks. Each layer reads its own 9 MiB, as each
+// layer has its own weights: one 9 MiB buffer read for every layer stayed in a 32 MiB L3 and
+// evicted nothing from it, so the K/V came from L3 (40 and 128 keys 1.5-2x faster than in a
+// decode). (Read in an OpenMP loop, as before the GEMVs moved to the team, OpenMP's threads spun
+// on through the attention call: two teams on two cores, 128 keys ~12x slower than with
+// OMP_WAIT_POLICY=passive.) A layer's K/V was last read 12 layers (108 MiB of other data) before,
+// like the real decode's, while the attention code stays as warm as there.
 // Per call this matches the region's time in an int8 110m decode (`scripts/omp_regions.sh`): ~10 us
 // at 40 keys, ~40 at 128.
 // (An earlier version read 8 MiB on one thread, a loop the compiler removed since it knew the
@@ -207,7 +210,8 @@ void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
   }
   std::vector<float> q(size_t(kHeads * kHeadDim)), out(q.size());
   for (auto& x : q) x = dist(rng) * 0.1f;
-  std::vector<float> evict(size_t(9) << 18, 1.0f);  // 9 MiB
+  constexpr size_t kEvictFloats = size_t(9) << 18;  // 9 MiB a layer
+  std::vector<float> evict(kEvictFloats * kLayers, 1.0f);
   benchmark::DoNotOptimize(evict.data());  // its contents unknown to the compiler: the reads stay
   benchmark::ClobberMemory();
   const AttentionSeqDesc seq{0, 1, int32_t(ctx), 0};
@@ -217,11 +221,12 @@ void decode_attention_cold(benchmark::State& state, int64_t kv_heads) {
   for (auto _ : state) {
     double seconds = 0;
     for (int64_t l = 0; l < kLayers; ++l) {
-      const auto lines = static_cast<int64_t>(evict.size() / 16);
+      const float* slice = evict.data() + size_t(l) * kEvictFloats;
+      const auto lines = static_cast<int64_t>(kEvictFloats / 16);
       team_run([&](int t, int nt) {
         const TeamSlice mine = team_slice(lines, t, nt);
         double sum = 0;
-        for (int64_t i = mine.begin; i < mine.end; ++i) sum += evict[size_t(i * 16)];
+        for (int64_t i = mine.begin; i < mine.end; ++i) sum += slice[i * 16];
         sums[size_t(t)] = sum;
       });
       for (const double s : sums) sink += s;
