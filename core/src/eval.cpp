@@ -22,7 +22,7 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   const int64_t chunks = static_cast<int64_t>(tokens.size()) / ctx;
   if (chunks == 0) {
     throw Error("perplexity: the text has " + std::to_string(tokens.size()) + " tokens, fewer than one chunk of " +
-                std::to_string(ctx));
+                std::to_string(ctx) + " (--ctx): give a longer text or a smaller --ctx");
   }
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = ctx / 2;
@@ -103,7 +103,8 @@ GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
       if (int64_t(prompt.size()) + n > p->max_sequence_tokens()) {
         throw Error("greedy agreement: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
                     std::to_string(n) + " generated tokens exceed " + p->sequence_limit_text() + " (" +
-                    p->describe() + "); ask for fewer tokens");
+                    p->describe() + "); generate fewer tokens a prompt (eval --greedy-tokens, bench --accuracy-tokens) " +
+                    "or give shorter prompts");
       }
     }
   }

@@ -60,6 +60,7 @@ TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("exceed the contiguous cache's 64 tokens per sequence"), std::string::npos)
         << e.what();
+    EXPECT_NE(std::string(e.what()).find("--greedy-tokens"), std::string::npos) << e.what();
   }
   EXPECT_EQ(greedy_agreement(*base, *bounded, prompts, 40).share, 1.0);
 }
@@ -72,6 +73,7 @@ TEST(Perplexity, RefusesTextShorterThanOneChunk) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than one chunk"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a smaller --ctx"), std::string::npos) << e.what();
   }
 }
 
