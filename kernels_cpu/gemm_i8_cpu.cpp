@@ -4,7 +4,8 @@
 //
 // WeightView::kernel_variant for I8 on the CPU (kernels_cpu.h):
 //   0  auto: vnni where the CPU has AVX-512 VNNI, else avx2, else portable scalar code
-//   1  oneDNN's s8·s8->s32 matmul (builds with TESSERA_DNNL only; refused by name otherwise)
+//   1  dnnl: oneDNN's s8·s8->s32 matmul (builds with TESSERA_DNNL only, CPUs with AVX-512 VNNI;
+//      refused by name otherwise)
 //   2  the scalar reference, whatever the CPU (for tests and comparisons)
 //   3  avx2: vpmaddubsw + vpmaddwd, even where the CPU has VNNI (scalar without AVX2)
 //   4  vnni: vpdpbusd (refused where the CPU lacks it)
@@ -267,10 +268,15 @@ void gemm_i8_into(const float* x, int64_t m, const WeightView& w, const PanelOut
   const int32_t variant = w.kernel_variant & ~kKernelFlags;
 #ifndef TESSERA_HAVE_DNNL
   if (variant == kVariantDnnl) {
-    throw Error("cpu gemm on i8: the oneDNN kernel was not built (configure with -DTESSERA_DNNL=ON "
-                "and libdnnl-dev installed)");
+    throw Error("cpu gemm on i8: kernel dnnl: this build has no oneDNN (install libdnnl-dev and configure "
+                "with -DTESSERA_DNNL=ON)");
   }
 #endif
+  if (variant == kVariantDnnl && !has_avx512_vnni()) {
+    // Without VNNI oneDNN's s8 matmul multiplies in vpmaddubsw, whose int16 sums saturate.
+    throw Error("cpu gemm on i8: kernel dnnl needs AVX-512 VNNI, which this CPU lacks (or TESSERA_CPU_ISA=avx2 "
+                "hides): without it oneDNN's int8 products saturate; use kernel auto or avx2");
+  }
   if (!simd_kernel(variant) && variant != kVariantDnnl && variant != kKernelReference) {
     throw Error("cpu gemm on i8: unknown kernel variant " + std::to_string(variant) +
                 " (0 = auto, 1 = oneDNN, 2 = scalar reference, 3 = avx2, 4 = vnni)");

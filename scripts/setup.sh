@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev
-          libcpp-httplib-dev hipcc libamdhip64-dev ccache)
+          libcpp-httplib-dev libdnnl-dev hipcc libamdhip64-dev ccache)
 # Extra packages a caller needs (scripts/test.sh: the browser that renders the bench report).
 read -r -a extra <<< "${TESSERA_EXTRA_PACKAGES:-}"
 packages+=("${extra[@]}")

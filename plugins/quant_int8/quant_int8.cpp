@@ -133,10 +133,10 @@ void register_int8(Registrar& r) {
       {{"keep_float", ParamType::string_list, nlohmann::json::array(),
         "tensor-name patterns kept in floating point, e.g. [output, \"blk.0.*\"]", {}},
        {"kernel", ParamType::string, "auto",
-        std::string("CPU kernel: ") + kCpuIntKernelDoc +
+        std::string("CPU kernel: ") + kCpuIntKernelDoc + kCpuInt8DnnlDoc +
             "; all give the same results. auto runs prefills (k a multiple of 64) on AMX tiles where the CPU has "
             "AMX-INT8. Other backends use their own",
-        cpu_int_kernels()}},
+        cpu_int8_kernels()}},
       [](const Params& p) { return std::make_unique<Int8Quantizer>(p); });
 }
 

@@ -302,6 +302,28 @@ TEST(QuantInt8, KernelVnniRunsOrIsRefusedAtLoadNamingTheTensor) {
   }
 }
 
+// oneDNN's matmul (kernel dnnl) does the int32 products only, so it gives the reference's bits,
+// threaded decode and prefill included; a build without oneDNN, or a CPU without VNNI (where its
+// int16 sums saturate), refuses it at load, naming the tensor and why.
+TEST(QuantInt8, KernelDnnlGivesTheReferenceBitsOrIsRefusedAtLoad) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 201}, {300, 1024}}) {
+    const auto w = random_floats(size_t(n * k), uint32_t(70 + k));
+    const WeightSource src{"blk.1.ffn_down.weight", DType::F32, w.data(), n, k};
+    if (!TESSERA_TEST_DNNL || !test::cpu_has_vnni()) {
+      const std::string e = test::message_of([&] { int8({{"kernel", "dnnl"}})->make_linear(cpu_backend(), src); });
+      EXPECT_THAT(e, HasSubstr("blk.1.ffn_down.weight"));
+      EXPECT_THAT(e, HasSubstr(TESSERA_TEST_DNNL ? "AVX-512 VNNI" : "no oneDNN"));
+      continue;
+    }
+    const auto dnnl = int8({{"kernel", "dnnl"}})->make_linear(cpu_backend(), src);
+    const auto ref = int8({{"kernel", "reference"}})->make_linear(cpu_backend(), src);
+    for (int64_t m : {1, 7, 40}) {
+      const auto x = random_floats(size_t(m * k), uint32_t(80 + m), -3, 3);
+      EXPECT_EQ(linear_forward(*dnnl, x, m), linear_forward(*ref, x, m)) << "n " << n << ", k " << k << ", m " << m;
+    }
+  }
+}
+
 // The CPU backend with i8 gemm switched off, to see the refusal a backend without it gets.
 class NoI8Backend final : public Backend {
  public:
