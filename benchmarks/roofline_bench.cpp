@@ -4,7 +4,8 @@
 // (scripts/roofline.sh, which alternates processes, sees that spread). Here the probe and the
 // decode alternate in one process: every decode run sits between two probe windows of ~0.15 s,
 // its share is over their mean, and the counters give the median share over the runs and the
-// range. The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
+// range (share_with_kv_median: the same with the K/V bytes attention reads added to the weights').
+// The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
 // BM_PrefillRoofline does the same for prefill against the FMA peak.
 //
 //   TESSERA_ROOFLINE_MODEL  GGUF for the float and int pipelines (default: `tessera synth --preset
@@ -104,11 +105,24 @@ void report_shares(benchmark::State& state, const std::vector<double>& shares) {
   state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
 }
 
+// The K and V bytes a decode step's attention reads, on average over a run's steps (the prompt's
+// keys, then one more each step). The roofline's bytes are the weights alone; these are read from
+// memory too (5% more bytes for the 110m's f32 cache here, and a tenth of the step's time), so
+// share_with_kv counts them.
+double kv_bytes_per_token(Pipeline& p, int64_t prompt_tokens) {
+  const ModelConfig& mc = p.model().config();
+  const double token_bytes =
+      double(mc.n_layers) * 2 * double(dtype_row_bytes(p.spec().kv_dtype, mc.n_kv_heads * mc.head_dim));
+  return token_bytes * (double(prompt_tokens) + double(kDecodeTokens) / 2);
+}
+
 void BM_DecodeRoofline(benchmark::State& state) {
   const RooflineCase& c = kCases[size_t(state.range(0))];
   const int64_t runs = state.range(1);
   auto pipeline = pipeline_for(c);
   const double bytes_per_token = double(pipeline->model().decode_bytes_per_token());
+  constexpr int64_t kPromptTokens = 7;
+  const double kv_bytes = kv_bytes_per_token(*pipeline, kPromptTokens);
 
   auto unmap = [](float* p) { unmap_huge_pages(p, kProbeBytes); };
   std::unique_ptr<float, decltype(unmap)> probe_buf(static_cast<float*>(map_huge_pages(kProbeBytes)), unmap);
@@ -120,14 +134,14 @@ void BM_DecodeRoofline(benchmark::State& state) {
 
   std::mt19937_64 rng(3);
   std::uniform_int_distribution<int32_t> token(3, int32_t(pipeline->model().config().vocab - 1));
-  std::vector<double> shares, rates, probes;
+  std::vector<double> shares, with_kv, rates, probes;
   for (auto _ : state) {
     double before = probe_window(probe_buf.get());
     for (int64_t run = 0; run < runs; ++run) {
       Engine engine(*pipeline);
       GenerationRequest req;
       req.prompt = {1};
-      for (int i = 0; i < 6; ++i) req.prompt.push_back(token(rng));
+      for (int i = 1; i < kPromptTokens; ++i) req.prompt.push_back(token(rng));
       req.max_tokens = kDecodeTokens;
       req.ignore_eos = true;
       engine.submit(req);
@@ -139,10 +153,13 @@ void BM_DecodeRoofline(benchmark::State& state) {
       rates.push_back(tok_per_s);
       probes.push_back(probe);
       shares.push_back(bytes_per_token * tok_per_s / 1e9 / probe);
+      with_kv.push_back((bytes_per_token + kv_bytes) * tok_per_s / 1e9 / probe);
       before = after;
     }
   }
   report_shares(state, shares);
+  state.counters["share_with_kv_median"] = median(with_kv);
+  state.counters["kv_MB_per_token"] = kv_bytes / 1e6;
   state.counters["decode_tok_per_s"] = median(rates);
   state.counters["probe_GB_per_s"] = median(probes);
   state.counters["weight_MB_per_token"] = bytes_per_token / 1e6;
