@@ -22,7 +22,8 @@ inline const std::vector<std::string>& cpu_int8_kernels() {
 
 // auto: the fastest the CPU has (vnni, else avx2, else scalar; the int8 gemm's prefill on AMX where
 // there is AMX-INT8); vnni: AVX-512 VNNI's vpdpbusd,
-// refused on CPUs without it; avx2: vpmaddubsw even where VNNI is there; reference: scalar.
+// refused on CPUs without it; avx2: vpmaddubsw even where VNNI is there; reference: scalar; dnnl
+// (int8 only): oneDNN's matmul, refused by builds without oneDNN and on CPUs without VNNI.
 inline int32_t cpu_int_kernel_variant(const std::string& name) {
   if (name == "dnnl") return 1;
   if (name == "reference") return 2;
