@@ -11,7 +11,8 @@
 //
 // Tensors whose input features are not a multiple of the group (stories260K's ffn_down has 172)
 // stay in float, as llama.cpp does, and format() says why; so do tensors matching `keep_float`.
-// `overrides` give tensors matching a pattern another scheme or group size.
+// `overrides` give tensors matching a pattern another scheme or group size, or int8 (the `int8`
+// quantizer's per-channel weights: a sensitive layer at a quarter of float's bytes).
 #include <emmintrin.h>
 
 #include <algorithm>
@@ -33,7 +34,7 @@
 namespace tessera {
 namespace {
 
-enum class Scheme { symmetric, asymmetric, keep_float };
+enum class Scheme { symmetric, asymmetric, int8, keep_float };
 
 struct Choice {
   Scheme scheme = Scheme::symmetric;
@@ -237,6 +238,7 @@ class Int4Quantizer final : public Quantizer {
  private:
   std::unique_ptr<Linear> build(Backend& backend, const WeightSource& w, const Choice& c) {
     if (c.scheme == Scheme::keep_float) return make_float(backend, w, "keep_float");
+    if (c.scheme == Scheme::int8) return make_int8_linear(backend, w, cpu_variant_, "quantizer 'int4' (override int8)");
     if (w.cols % c.group_size != 0) {
       return make_float(backend, w, "fallback: " + std::to_string(w.cols) + " cols not a multiple of " +
                                         std::to_string(c.group_size));
@@ -318,11 +320,12 @@ class Int4Quantizer final : public Quantizer {
   static Scheme parse_scheme(const std::string& s, const std::string& where) {
     if (s == "symmetric") return Scheme::symmetric;
     if (s == "asymmetric") return Scheme::asymmetric;
+    if (s == "int8") return Scheme::int8;
     if (s == "float") return Scheme::keep_float;
-    throw Error("int4: parameter '" + where + "' is \"" + s + "\"; expected symmetric, asymmetric or float");
+    throw Error("int4: parameter '" + where + "' is \"" + s + "\"; expected symmetric, asymmetric, int8 or float");
   }
 
-  // overrides: [{pattern: "blk.0.*" (or a list), scheme: asymmetric|symmetric|float, group_size: 64}]
+  // overrides: [{pattern: "blk.0.*" (or a list), scheme: asymmetric|symmetric|int8|float, group_size: 64}]
   void parse_overrides(const nlohmann::json& list) {
     if (list.is_null()) return;
     if (!list.is_array()) throw Error("int4: parameter 'overrides' must be a list of {pattern, scheme, group_size}");
@@ -387,8 +390,8 @@ void register_int4(Registrar& r) {
        {"keep_float", ParamType::string_list, nlohmann::json::array(),
         "tensor-name patterns kept in float, e.g. [output, \"blk.0.*\"]"},
        {"overrides", ParamType::object, nlohmann::json::array(),
-        "list of {pattern, scheme: symmetric|asymmetric|float, group_size} for tensors matching pattern; "
-        "the first match wins, keep_float before all"},
+        "list of {pattern, scheme: symmetric|asymmetric|int8|float, group_size} for tensors matching pattern "
+        "(int8: the int8 quantizer's per-channel weights); the first match wins, keep_float before all"},
        {"kernel", ParamType::string, "auto",
         std::string("CPU kernel: ") + kCpuIntKernelDoc +
             ". vnni and avx2 quantize x to int8 per block of 32 and read weights packed in 8-row bands, with the "

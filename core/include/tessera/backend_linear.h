@@ -41,4 +41,12 @@ class BackendLinear final : public Linear {
 std::unique_ptr<Linear> make_float_linear(Backend& backend, const WeightSource& w, std::optional<DType> target,
                                           const std::string& who, const std::string& note = "");
 
+// `w` as W8A8 int8 on the backend: symmetric int8 per output channel (scale = absmax/127, halves
+// rounded away from zero), `cpu_variant` the CPU backend's kernel (cpu_int_kernel.h; other
+// backends take 0). Quantized and uploaded a few MiB of rows at a time, never a whole host copy.
+// A variant the backend refuses, a backend without i8 gemm or a non-finite weight throws Error
+// naming `who` and the tensor. format() is "int8".
+std::unique_ptr<Linear> make_int8_linear(Backend& backend, const WeightSource& w, int32_t cpu_variant,
+                                         const std::string& who);
+
 }  // namespace tessera
