@@ -105,6 +105,8 @@ void eval(const EvalArgs& args) {
     j["perplexity_delta"] = r.perplexity - b.perplexity;
     j["perplexity_delta_percent"] = 100.0 * (r.perplexity - b.perplexity) / b.perplexity;
     j["teacher_forced_agreement"] = teacher_forced_agreement(r, b);
+    const KlDivergence kl = kl_divergence(*pipeline, *baseline, tokens, args.ctx);
+    j["kl_divergence"] = {{"mean", kl.mean}, {"p99", kl.p99}, {"max", kl.max}, {"positions", kl.positions}};
     j["greedy_agreement"] = g.share;
     j["greedy_prefix_per_prompt"] = g.prefix;
     j["greedy_tokens_per_prompt"] = g.tokens_per_prompt;
@@ -122,6 +124,8 @@ void eval(const EvalArgs& args) {
               << j["baseline"]["pipeline"].get<std::string>() << ")\n"
               << "delta " << j["perplexity_delta"].get<double>() << " (" << j["perplexity_delta_percent"].get<double>()
               << "%)\nteacher-forced agreement " << j["teacher_forced_agreement"].get<double>() << "\n"
+              << "KL divergence from the baseline " << j["kl_divergence"]["mean"].get<double>() << " nats a token (p99 "
+              << j["kl_divergence"]["p99"].get<double>() << ", max " << j["kl_divergence"]["max"].get<double>() << ")\n"
               << "greedy agreement " << j["greedy_agreement"].get<double>() << " (identical prefix per prompt: "
               << j["greedy_prefix_per_prompt"].dump() << " of " << args.greedy_tokens << ")\n";
   }

@@ -11,10 +11,10 @@
 
 namespace tessera {
 
-PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t ctx) {
-  Model& model = pipeline.model();
-  Cache& cache = pipeline.cache();
-  const int64_t vocab = model.config().vocab;
+namespace {
+
+// The number of whole chunks of `ctx` tokens in `tokens`, after checking ctx against the pipeline.
+int64_t chunk_count(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t ctx) {
   if (ctx < 4) throw Error("perplexity: --ctx must be at least 4, got " + std::to_string(ctx));
   if (ctx > pipeline.max_sequence_tokens()) {
     throw Error("perplexity: --ctx " + std::to_string(ctx) + " exceeds " + pipeline.sequence_limit_text());
@@ -24,28 +24,52 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
     throw Error("perplexity: the text has " + std::to_string(tokens.size()) + " tokens, fewer than one chunk of " +
                 std::to_string(ctx) + " (--ctx): give a longer text or a smaller --ctx");
   }
+  return chunks;
+}
+
+// Chunk c's logits (ctx rows): its tokens with BOS first, in a sequence of its own.
+void chunk_logits(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t c, int64_t ctx,
+                  std::vector<float>& logits) {
+  Cache& cache = pipeline.cache();
+  const SeqId seq = ~SeqId(0);  // reserved id, never handed to requests
+  std::vector<int32_t> chunk(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx);
+  chunk[0] = pipeline.tokenizer().bos();
+  CacheRequest req;
+  req.seq = seq;
+  req.total_tokens = ctx;
+  req.tokens = chunk;
+  req.retain = false;
+  auto plan = cache.plan(std::span<const CacheRequest>(&req, 1));
+  if (!plan) throw Error("perplexity: the cache cannot hold one chunk of " + std::to_string(ctx) + " tokens");
+  cache.commit(*plan);
+  ForwardSeq fs{seq, chunk, 0, ctx};
+  pipeline.model().forward(std::span<const ForwardSeq>(&fs, 1), pipeline.attention(), cache, logits);
+  cache.release(seq);
+}
+
+// log-softmax of one row of logits into `out`.
+void log_softmax(const float* row, int64_t vocab, std::vector<double>& out) {
+  const float mx = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
+  const double log_sum = std::log(sum) + mx;
+  out.resize(size_t(vocab));
+  for (int64_t v = 0; v < vocab; ++v) out[size_t(v)] = double(row[v]) - log_sum;
+}
+
+}  // namespace
+
+PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t ctx) {
+  const int64_t vocab = pipeline.model().config().vocab;
+  const int64_t chunks = chunk_count(pipeline, tokens, ctx);
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = ctx / 2;
-  const SeqId seq = ~SeqId(0);  // reserved id, never handed to requests
-  std::vector<int32_t> chunk(static_cast<size_t>(ctx));
   std::vector<float> logits;
   double nll = 0;
   int64_t count = 0;
   std::vector<int32_t> predictions;
   for (int64_t c = 0; c < chunks; ++c) {
-    std::copy(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx, chunk.begin());
-    chunk[0] = pipeline.tokenizer().bos();
-    CacheRequest req;
-    req.seq = seq;
-    req.total_tokens = ctx;
-    req.tokens = chunk;
-    req.retain = false;
-    auto plan = cache.plan(std::span<const CacheRequest>(&req, 1));
-    if (!plan) throw Error("perplexity: the cache cannot hold one chunk of " + std::to_string(ctx) + " tokens");
-    cache.commit(*plan);
-    ForwardSeq fs{seq, chunk, 0, ctx};
-    model.forward(std::span<const ForwardSeq>(&fs, 1), pipeline.attention(), cache, logits);
-    cache.release(seq);
+    chunk_logits(pipeline, tokens, c, ctx, logits);
     for (int64_t j = first; j < ctx - 1; ++j) {
       const float* row = logits.data() + j * vocab;
       float mx = row[0];
@@ -66,6 +90,37 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.predictions = std::move(predictions);
   return r;
+}
+
+KlDivergence kl_divergence(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens, int64_t ctx) {
+  const int64_t vocab = pipeline.model().config().vocab;
+  if (baseline.model().config().vocab != vocab) {
+    throw Error("KL divergence: the pipelines' vocabularies differ (" + std::to_string(vocab) + " vs " +
+                std::to_string(baseline.model().config().vocab) + " tokens)");
+  }
+  const int64_t chunks = std::min(chunk_count(pipeline, tokens, ctx), chunk_count(baseline, tokens, ctx));
+  std::vector<float> logits, base_logits;
+  std::vector<double> lp, base_lp, per_position;
+  for (int64_t c = 0; c < chunks; ++c) {
+    chunk_logits(pipeline, tokens, c, ctx, logits);
+    chunk_logits(baseline, tokens, c, ctx, base_logits);
+    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
+      log_softmax(logits.data() + j * vocab, vocab, lp);
+      log_softmax(base_logits.data() + j * vocab, vocab, base_lp);
+      double kl = 0;
+      for (int64_t v = 0; v < vocab; ++v) kl += std::exp(base_lp[size_t(v)]) * (base_lp[size_t(v)] - lp[size_t(v)]);
+      per_position.push_back(std::max(0.0, kl));  // rounding can leave -1e-17 for equal distributions
+    }
+  }
+  KlDivergence k;
+  k.positions = int64_t(per_position.size());
+  double sum = 0;
+  for (const double d : per_position) sum += d;
+  k.mean = sum / double(k.positions);
+  std::sort(per_position.begin(), per_position.end());
+  k.p99 = per_position[std::min(per_position.size() - 1, size_t(0.99 * double(per_position.size())))];
+  k.max = per_position.back();
+  return k;
 }
 
 double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b) {

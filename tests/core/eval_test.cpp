@@ -38,6 +38,28 @@ TEST(Perplexity, F16KvCacheWithinATenthOfAPercentOfF32) {
   EXPECT_GE(teacher_forced_agreement(f16, f32), 0.99);
 }
 
+// KL(baseline ‖ pipeline) over perplexity's scored positions: zero for the same weights, small for
+// int8 (measured 0.0017 nats), larger for int4 (0.040), and the statistics ordered.
+TEST(KlDivergence, ZeroForTheSameWeightsAndGrowsWithCoarserQuantization) {
+  auto f32 = test::cpu_pipeline(test::kStoriesF32);
+  const auto tokens = f32->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
+  auto same = test::cpu_pipeline(test::kStoriesF32);
+  const KlDivergence none = kl_divergence(*same, *f32, tokens, 128);
+  EXPECT_EQ(none.positions, 8 * 63);
+  EXPECT_EQ(none.max, 0.0);
+  auto int8 = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "int8"}}}});
+  auto int4 = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "int4"}}}});
+  const KlDivergence k8 = kl_divergence(*int8, *f32, tokens, 128);
+  const KlDivergence k4 = kl_divergence(*int4, *f32, tokens, 128);
+  EXPECT_GT(k8.mean, 0.0);
+  EXPECT_LT(k8.mean, 0.01);
+  EXPECT_GT(k4.mean, 3 * k8.mean);
+  for (const KlDivergence& k : {k8, k4}) {
+    EXPECT_LE(k.mean, k.p99);
+    EXPECT_LE(k.p99, k.max);
+  }
+}
+
 // A contiguous cache's max_len bounds a sequence: chunks and greedy runs longer than it are refused
 // naming it (a greedy run cut short would count as disagreement).
 TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {

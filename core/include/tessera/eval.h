@@ -29,6 +29,17 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
 // forcing: both see the true text, so one early difference does not spoil the rest).
 double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b);
 
+// KL(baseline ‖ pipeline) of the next-token distributions, in nats, at perplexity's scored
+// positions (the same chunks, both pipelines reading the true text): how far quantization moves the
+// whole distribution, which perplexity (the true token's probability alone) can hide.
+struct KlDivergence {
+  double mean = 0;
+  double p99 = 0;  // the 99th percentile over positions
+  double max = 0;
+  int64_t positions = 0;
+};
+KlDivergence kl_divergence(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens, int64_t ctx);
+
 struct GreedyAgreement {
   double share = 0;                 // identical tokens before the first divergence / tokens generated
   std::vector<int64_t> prefix;      // per prompt: tokens identical before the first divergence
