@@ -1,7 +1,9 @@
 // tessera eval: perplexity of a pipeline on a text file and, with --baseline, how far it moves
-// from a baseline pipeline (perplexity delta, teacher-forced and greedy agreement).
+// from a baseline pipeline (perplexity delta, KL divergence, teacher-forced and greedy agreement).
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
@@ -63,15 +65,7 @@ void eval(const EvalArgs& args) {
   auto pipeline = build_pipeline(registry, args.pipeline);
   const Tokenizer& tok = pipeline->tokenizer();
   const std::vector<int32_t> tokens = tok.encode(text, true);
-  const PerplexityResult r = perplexity(*pipeline, tokens, args.ctx);
-
-  nlohmann::json j = {{"pipeline", pipeline->describe()},  {"model", pipeline->model_path()},
-                      {"weights", pipeline->model().weight_formats()},
-                      {"weight_bytes", pipeline->model().weight_bytes()},
-                      {"text", args.text},                {"tokens", tokens.size()},
-                      {"ctx", args.ctx},                  {"chunks", r.chunks},
-                      {"scored_tokens", r.scored_tokens}, {"perplexity", r.perplexity},
-                      {"mean_nll", r.mean_nll},           {"seconds", r.seconds}};
+  std::unique_ptr<Pipeline> baseline;
   if (!args.baseline.empty()) {
     PipelineArgs base_args = args.pipeline;
     base_args.pipeline = args.baseline;
@@ -80,7 +74,7 @@ void eval(const EvalArgs& args) {
       base_args.model = args.baseline_model;
       base_args.model_flag = "--baseline-model";
     }
-    auto baseline = build_pipeline(registry, base_args);
+    baseline = build_pipeline(registry, base_args);
     // Perplexities and agreement compare token ids: both models must give them the same meaning.
     const Tokenizer& base_tok = baseline->tokenizer();
     if (base_tok.vocab_size() != tok.vocab_size()) {
@@ -95,7 +89,22 @@ void eval(const EvalArgs& args) {
                     baseline->model_path() + ": perplexities would not be comparable");
       }
     }
-    const PerplexityResult b = perplexity(*baseline, tokens, args.ctx);
+  }
+  // Against a baseline, both pipelines go through the text together (their logits side by side).
+  std::optional<BaselineComparison> compared;
+  if (baseline) compared = compare_with_baseline(*pipeline, *baseline, tokens, args.ctx);
+  const PerplexityResult r = compared ? compared->pipeline : perplexity(*pipeline, tokens, args.ctx);
+
+  nlohmann::json j = {{"pipeline", pipeline->describe()},  {"model", pipeline->model_path()},
+                      {"weights", pipeline->model().weight_formats()},
+                      {"weight_bytes", pipeline->model().weight_bytes()},
+                      {"text", args.text},                {"tokens", tokens.size()},
+                      {"ctx", args.ctx},                  {"chunks", r.chunks},
+                      {"scored_tokens", r.scored_tokens}, {"perplexity", r.perplexity},
+                      {"mean_nll", r.mean_nll},           {"seconds", r.seconds}};
+  if (compared) {
+    const PerplexityResult& b = compared->baseline;
+    const KlDivergence& kl = compared->kl;
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : load_prompts(args.prompts_file)) prompts.push_back(tok.encode(p, true));
     const GreedyAgreement g = greedy_agreement(*pipeline, *baseline, prompts, args.greedy_tokens);
@@ -105,7 +114,6 @@ void eval(const EvalArgs& args) {
     j["perplexity_delta"] = r.perplexity - b.perplexity;
     j["perplexity_delta_percent"] = 100.0 * (r.perplexity - b.perplexity) / b.perplexity;
     j["teacher_forced_agreement"] = teacher_forced_agreement(r, b);
-    const KlDivergence kl = kl_divergence(*pipeline, *baseline, tokens, args.ctx);
     j["kl_divergence"] = {{"mean", kl.mean}, {"p99", kl.p99}, {"max", kl.max}, {"positions", kl.positions}};
     j["greedy_agreement"] = g.share;
     j["greedy_prefix_per_prompt"] = g.prefix;

@@ -47,14 +47,37 @@ void chunk_logits(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t c
   cache.release(seq);
 }
 
-// log-softmax of one row of logits into `out`.
-void log_softmax(const float* row, int64_t vocab, std::vector<double>& out) {
+// log Σ exp(row): the softmax's normalizer, max first (a float, as the reference does).
+double log_sum_exp(const float* row, int64_t vocab) {
   const float mx = *std::max_element(row, row + vocab);
   double sum = 0;
   for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
-  const double log_sum = std::log(sum) + mx;
-  out.resize(size_t(vocab));
-  for (int64_t v = 0; v < vocab; ++v) out[size_t(v)] = double(row[v]) - log_sum;
+  return std::log(sum) + mx;
+}
+
+// Perplexity's running sums over scored positions.
+struct Scores {
+  double nll = 0;
+  std::vector<int32_t> predictions;  // argmax at each position
+
+  void add(const float* row, int64_t vocab, int32_t target, double lse) {
+    nll += lse - row[target];
+    predictions.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+  }
+  PerplexityResult result(int64_t chunks, double seconds) {
+    PerplexityResult r;
+    r.chunks = chunks;
+    r.scored_tokens = int64_t(predictions.size());
+    r.mean_nll = nll / double(r.scored_tokens);
+    r.perplexity = std::exp(r.mean_nll);
+    r.seconds = seconds;
+    r.predictions = std::move(predictions);
+    return r;
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
@@ -63,64 +86,64 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
   const int64_t vocab = pipeline.model().config().vocab;
   const int64_t chunks = chunk_count(pipeline, tokens, ctx);
   const auto start = std::chrono::steady_clock::now();
-  const int64_t first = ctx / 2;
   std::vector<float> logits;
-  double nll = 0;
-  int64_t count = 0;
-  std::vector<int32_t> predictions;
+  Scores scores;
   for (int64_t c = 0; c < chunks; ++c) {
     chunk_logits(pipeline, tokens, c, ctx, logits);
-    for (int64_t j = first; j < ctx - 1; ++j) {
+    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
       const float* row = logits.data() + j * vocab;
-      float mx = row[0];
-      for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, row[v]);
-      double sum = 0;
-      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
-      const int32_t target = tokens[static_cast<size_t>(c * ctx + j + 1)];
-      nll += std::log(sum) + mx - row[target];
-      ++count;
-      predictions.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      scores.add(row, vocab, tokens[size_t(c * ctx + j + 1)], log_sum_exp(row, vocab));
     }
   }
-  PerplexityResult r;
-  r.chunks = chunks;
-  r.scored_tokens = count;
-  r.mean_nll = nll / double(count);
-  r.perplexity = std::exp(r.mean_nll);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.predictions = std::move(predictions);
-  return r;
+  return scores.result(chunks, seconds_since(start));
 }
 
-KlDivergence kl_divergence(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens, int64_t ctx) {
+BaselineComparison compare_with_baseline(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens,
+                                         int64_t ctx) {
   const int64_t vocab = pipeline.model().config().vocab;
   if (baseline.model().config().vocab != vocab) {
-    throw Error("KL divergence: the pipelines' vocabularies differ (" + std::to_string(vocab) + " vs " +
+    throw Error("perplexity: the pipelines' vocabularies differ (" + std::to_string(vocab) + " vs " +
                 std::to_string(baseline.model().config().vocab) + " tokens)");
   }
-  const int64_t chunks = std::min(chunk_count(pipeline, tokens, ctx), chunk_count(baseline, tokens, ctx));
+  const int64_t chunks = chunk_count(pipeline, tokens, ctx);
+  chunk_count(baseline, tokens, ctx);  // the baseline's sequence bound too
   std::vector<float> logits, base_logits;
-  std::vector<double> lp, base_lp, per_position;
+  Scores scores, base_scores;
+  std::vector<double> kl;  // per position
+  double seconds = 0, base_seconds = 0;
   for (int64_t c = 0; c < chunks; ++c) {
+    auto t = std::chrono::steady_clock::now();
     chunk_logits(pipeline, tokens, c, ctx, logits);
+    seconds += seconds_since(t);
+    t = std::chrono::steady_clock::now();
     chunk_logits(baseline, tokens, c, ctx, base_logits);
+    base_seconds += seconds_since(t);
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
-      log_softmax(logits.data() + j * vocab, vocab, lp);
-      log_softmax(base_logits.data() + j * vocab, vocab, base_lp);
-      double kl = 0;
-      for (int64_t v = 0; v < vocab; ++v) kl += std::exp(base_lp[size_t(v)]) * (base_lp[size_t(v)] - lp[size_t(v)]);
-      per_position.push_back(std::max(0.0, kl));  // rounding can leave -1e-17 for equal distributions
+      const float* row = logits.data() + j * vocab;
+      const float* base_row = base_logits.data() + j * vocab;
+      const double lse = log_sum_exp(row, vocab), base_lse = log_sum_exp(base_row, vocab);
+      const int32_t target = tokens[size_t(c * ctx + j + 1)];
+      scores.add(row, vocab, target, lse);
+      base_scores.add(base_row, vocab, target, base_lse);
+      double d = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double base_lp = double(base_row[v]) - base_lse;
+        d += std::exp(base_lp) * (base_lp - (double(row[v]) - lse));
+      }
+      kl.push_back(std::max(0.0, d));  // rounding can leave -1e-17 for equal distributions
     }
   }
-  KlDivergence k;
-  k.positions = int64_t(per_position.size());
+  BaselineComparison r;
+  r.pipeline = scores.result(chunks, seconds);
+  r.baseline = base_scores.result(chunks, base_seconds);
   double sum = 0;
-  for (const double d : per_position) sum += d;
-  k.mean = sum / double(k.positions);
-  std::sort(per_position.begin(), per_position.end());
-  k.p99 = per_position[std::min(per_position.size() - 1, size_t(0.99 * double(per_position.size())))];
-  k.max = per_position.back();
-  return k;
+  for (const double d : kl) sum += d;
+  r.kl.positions = int64_t(kl.size());
+  r.kl.mean = sum / double(kl.size());
+  std::sort(kl.begin(), kl.end());
+  r.kl.p99 = kl[std::min(kl.size() - 1, size_t(0.99 * double(kl.size())))];
+  r.kl.max = kl.back();
+  return r;
 }
 
 double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b) {

@@ -44,13 +44,13 @@ TEST(KlDivergence, ZeroForTheSameWeightsAndGrowsWithCoarserQuantization) {
   auto f32 = test::cpu_pipeline(test::kStoriesF32);
   const auto tokens = f32->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
   auto same = test::cpu_pipeline(test::kStoriesF32);
-  const KlDivergence none = kl_divergence(*same, *f32, tokens, 128);
+  const KlDivergence none = compare_with_baseline(*same, *f32, tokens, 128).kl;
   EXPECT_EQ(none.positions, 8 * 63);
   EXPECT_EQ(none.max, 0.0);
   auto int8 = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "int8"}}}});
   auto int4 = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "int4"}}}});
-  const KlDivergence k8 = kl_divergence(*int8, *f32, tokens, 128);
-  const KlDivergence k4 = kl_divergence(*int4, *f32, tokens, 128);
+  const KlDivergence k8 = compare_with_baseline(*int8, *f32, tokens, 128).kl;
+  const KlDivergence k4 = compare_with_baseline(*int4, *f32, tokens, 128).kl;
   EXPECT_GT(k8.mean, 0.0);
   EXPECT_LT(k8.mean, 0.01);
   EXPECT_GT(k4.mean, 3 * k8.mean);

@@ -30,15 +30,23 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
 double teacher_forced_agreement(const PerplexityResult& a, const PerplexityResult& b);
 
 // KL(baseline ‖ pipeline) of the next-token distributions, in nats, at perplexity's scored
-// positions (the same chunks, both pipelines reading the true text): how far quantization moves the
-// whole distribution, which perplexity (the true token's probability alone) can hide.
+// positions (both pipelines reading the true text): how far quantization moves the whole
+// distribution, which perplexity (the true token's probability alone) can hide.
 struct KlDivergence {
   double mean = 0;
   double p99 = 0;  // the 99th percentile over positions
   double max = 0;
   int64_t positions = 0;
 };
-KlDivergence kl_divergence(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens, int64_t ctx);
+
+struct BaselineComparison {
+  PerplexityResult pipeline, baseline;  // as perplexity() gives them
+  KlDivergence kl;
+};
+
+// perplexity() of both pipelines and the KL divergence between them, in one pass over the chunks.
+BaselineComparison compare_with_baseline(Pipeline& pipeline, Pipeline& baseline, std::span<const int32_t> tokens,
+                                         int64_t ctx);
 
 struct GreedyAgreement {
   double share = 0;                 // identical tokens before the first divergence / tokens generated
