@@ -268,7 +268,7 @@ TEST(Cli, AQuantizerThatQuantizesNoWeightSaysSo) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_cli_q_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string g128 = (dir / "g128.yaml").string();
-  std::ofstream(g128) << "extends: " TESSERA_SOURCE_DIR "/pipelines/int4.yaml\n"
+  std::ofstream(g128) << "extends: " TESSERA_SOURCE_DIR "/pipelines/default.yaml\n"
                       << "components:\n  quantizer: { plugin: int4, group_size: 128 }\n";
   Output o = tessera_cmd("run -n 2 -p '" + g128 + "' Hi");
   EXPECT_EQ(o.status, 0) << o.text;
