@@ -166,8 +166,8 @@ std::vector<float> gemm_on(const WeightView& v, const std::vector<float>& x, int
 }
 
 TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
-  // The CPU backend packs whole 8-row bands for the AVX2 kernel (prepare_weight; VNNI's prefill
-  // reads them two at a time) and leaves the rows after them row-major; the packed kernel must
+  // The CPU backend packs whole 8-row bands for the AVX2 kernel (prepare_weight; VNNI reads them
+  // two at a time) and leaves the rows after them row-major; the packed kernel must
   // compute exactly what it computes on row-major weights, on rows that are not whole tiles, k of
   // odd block counts, every group size, and with a team of threads (771 x 768 forks by bytes
   // streamed), and give a row of x the same bits alone or in a batch. Both stay within the
@@ -187,7 +187,8 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
       q_named.push_back(int4({{"scheme", c.scheme}, {"group_size", c.group}, {"kernel", kernel}}));
     }
     for (const Shape& sh : {Shape{1, 32}, Shape{3, 96}, Shape{4, 160}, Shape{5, 224}, Shape{7, 64}, Shape{8, 384},
-                            Shape{13, 288}, Shape{16, 96}, Shape{37, 640}, Shape{771, 768}}) {
+                            Shape{13, 288}, Shape{16, 96}, Shape{24, 384}, Shape{37, 640}, Shape{45, 256},
+                            Shape{771, 768}}) {
       if (sh.k % c.group != 0) continue;
       const auto w = random_floats(size_t(sh.n * sh.k), ++seed, -1.5f, 2.0f);
       const WeightSource src{"blk.3.attn_v.weight", DType::F32, w.data(), sh.n, sh.k};
@@ -204,6 +205,11 @@ TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
       // one stream (flag 1 << 9), a layout the separate buffers above cannot take.
       if (sh.n >= 8) EXPECT_NE(fast->view().kernel_variant & (1 << 9), 0) << "one buffer, one stream";
       EXPECT_EQ(packed.view.kernel_variant & (1 << 9), 0);
+      // With VNNI on the amd tuning the stream holds bands in pairs (flag 1 << 10), an odd last band
+      // alone (24 and 45 rows: three and five bands).
+      if (sh.n >= 8) {
+        EXPECT_EQ((fast->view().kernel_variant & (1 << 10)) != 0, test::cpu_has_vnni() && !test::cpu_tuning_is_intel());
+      }
       for (int64_t m : {1, 2, 3, 17}) {
         SCOPED_TRACE(c.scheme + " g" + std::to_string(c.group) + " n=" + std::to_string(sh.n) +
                      " k=" + std::to_string(sh.k) + " m=" + std::to_string(m));
