@@ -24,11 +24,10 @@
 // ran 6% faster (median of 12 alternating `tessera run` pairs, 9 faster), though its f32 output
 // head is 60% of its bytes. The bands' scales and zeros all ahead of their nibbles, a band at a
 // time, ran 18% slower (16 pairs): the prefetcher follows one stream, not three within a band.
-// With VNNI (amd tuning) the stream holds the bands in pairs, group by group, and a decode reads
-// both bands of a pair at once, x's permutes shared: from cache a thread's GEMV took 12% less time
-// (BM_Gemm/3/1, one thread, 768x768 8.95 -> 7.9 us, 3 alternating runs), a synthetic 27.5M model
-// whose int4 weights fit in L3 decoded at ~2500 instead of ~2000 tok/s (`tessera run -p
-// pipelines/int4.yaml -n 200`, 3 alternating pairs); the 110m decode, waiting on memory, as before.
+// Two bands a step, x's permutes shared (bands_row_vnni<2>, the pair's groups interleaved in the
+// stream): 12% less time from cache, a 27.5M model with its int4 weights in L3 decoded 23% faster,
+// but 100 MB of 2048x768 GEMVs streamed from memory 10-17% slower (both layouts timed in turn in
+// one process, 10 rounds, 2 threads, in slow and fast minutes): not kept, decode waits on memory.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -50,12 +49,10 @@ namespace {
 // (scalar), avx2 or vnni; plus the flag bits prepare_weight_i4 sets.
 constexpr int32_t kPackedBands = 1 << 8;
 constexpr int32_t kBandStream = 1 << 9;  // with kPackedBands: a group's scales and zeros before its nibbles
-constexpr int32_t kPairedBands = 1 << 10;  // with kBandStream: bands in pairs, group by group (I4Layout)
 
 constexpr int64_t kBlock = 32;                                  // activation quantization block (elements)
 constexpr int64_t kRowsPerBand = 8;                             // rows packed together, one int32 lane each
 constexpr int64_t kBandBlockBytes = kRowsPerBand * kBlock / 2;  // a band's nibbles of one block
-constexpr int64_t kRowsPerPair = 2 * kRowsPerBand;             // the rows a VNNI decode reads together
 constexpr int64_t kPrefetchBytes = 2048;  // the AVX2 decode's prefetch distance off Intel (decode_prefetch_bytes)
 
 // Decode's software prefetch of a block's two cache lines `ahead` bytes on (decode_prefetch_bytes).
@@ -176,14 +173,10 @@ Band separate_band(const uint8_t* w, const float* s, const float* z, int64_t blo
 // row-major, scales and zeros [row][group]. Packed bands: rows [0, bands_end) in bands in place,
 // their scales (zeros) [band][group][row]; later rows as unpacked. Band stream: band after band,
 // group after group, each group's 8 scales, 8 zeros, then its blocks of nibbles; then the later
-// rows' scales, zeros and nibbles, the view's scales and zeros pointing at theirs. Paired bands
-// (the VNNI kernel): rows [0, pairs_end) in pairs of bands, group after group, each group's 16
-// scales, 16 zeros, then the first band's blocks and the second's, so that a decode reading both
-// bands at once (x's permutes shared) still reads one sequential stream; an odd last band alone,
-// as in the band stream.
+// rows' scales, zeros and nibbles, the view's scales and zeros pointing at theirs.
 struct I4Layout {
   const WeightView& w;
-  int64_t groups, row_bytes, bands_end, pairs_end, band_params, band_bytes;
+  int64_t groups, row_bytes, bands_end, band_params, band_bytes;
   const uint8_t* data;
   const uint8_t* tail_nibbles;  // row bands_end's nibbles (or row 0's, unpacked)
   int64_t tail_first;           // the row view.scales[0] belongs to
@@ -193,7 +186,6 @@ struct I4Layout {
         groups(view.cols / view.group_size),
         row_bytes(view.cols / 2),
         bands_end((view.kernel_variant & kPackedBands) != 0 ? view.rows / kRowsPerBand * kRowsPerBand : 0),
-        pairs_end((view.kernel_variant & kPairedBands) != 0 ? bands_end / kRowsPerPair * kRowsPerPair : 0),
         band_params(kRowsPerBand * groups * int64_t(sizeof(float)) * (view.zeros != nullptr ? 2 : 1)),
         band_bytes(band_params + kRowsPerBand * row_bytes),
         data(static_cast<const uint8_t*>(view.data)) {
@@ -203,8 +195,6 @@ struct I4Layout {
                           : data;
   }
   bool stream() const { return (w.kernel_variant & kBandStream) != 0; }
-  // Whether row j begins a pair of bands that ends by row j1.
-  bool pair_at(int64_t j, int64_t j1) const { return j % kRowsPerPair == 0 && j + kRowsPerPair <= std::min(j1, pairs_end); }
   // The whole band starting at row j (< bands_end).
   Band band(int64_t j) const {
     const int64_t blocks_per_group = w.group_size / kBlock;
@@ -212,16 +202,11 @@ struct I4Layout {
       return separate_band(data + j * row_bytes, w.scales + j * groups,
                            w.zeros != nullptr ? w.zeros + j * groups : nullptr, blocks_per_group);
     }
-    // Its pair's (or its own) group stream: per group each band's scales, each band's zeros, each
-    // band's nibbles.
-    const int64_t first = j < pairs_end ? j / kRowsPerPair * kRowsPerPair : j;
-    const int64_t together = j < pairs_end ? 2 : 1, which = (j - first) / kRowsPerBand;
-    const int64_t group_bytes = together * band_bytes / groups;
-    const int64_t group_nibbles = (band_bytes - band_params) / groups;
-    const uint8_t* at = data + first / kRowsPerBand * band_bytes;
-    const auto* s = reinterpret_cast<const float*>(at) + which * kRowsPerBand;
-    return {at + together * band_params / groups + which * group_nibbles, s,
-            w.zeros != nullptr ? s + together * kRowsPerBand : nullptr, group_bytes, group_bytes / 4};
+    const int64_t group_bytes = band_bytes / groups;
+    const int64_t param_bytes = band_params / groups;
+    const uint8_t* at = data + j / kRowsPerBand * band_bytes;
+    const auto* s = reinterpret_cast<const float*>(at);
+    return {at + param_bytes, s, w.zeros != nullptr ? s + kRowsPerBand : nullptr, group_bytes, group_bytes / 4};
   }
   // Row r (>= bands_end): its nibbles, scales and zeros.
   const uint8_t* nibbles(int64_t r) const { return tail_nibbles + (r - tail_first) * row_bytes; }
@@ -333,10 +318,10 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // alternating pairs, 9 higher). Groups, then their blocks: no division per block. Two accumulator
 // chains a half (four in all) were no faster; nor was zero_point_terms's work done in this loop as
 // each group's scales and zeros stream by (from L2, 768x768 and 768x2048, 3-8% slower). S bands
-// side by side: amd tuning a pair of bands, one stream (I4Layout), with no software prefetch;
-// intel tuning four bands, each its own stream through the range's quarters, 8 KiB prefetched
-// ahead over them (int4 110m decode 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all
-// faster; the prefetch alone gave +5%).
+// side by side, each its own stream: amd tuning one a thread with no software prefetch; intel
+// tuning four through the range's quarters, 8 KiB prefetched ahead over them (int4 110m decode
+// 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all faster; the prefetch alone gave
+// +5%).
 template <int S>
 __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                          const Band* bands, int64_t k, int64_t g, int64_t rows,
@@ -543,14 +528,6 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
   }
   for (; j < j1; j += kRowsPerBand) {
     const int64_t rows = std::min(kRowsPerBand, j1 - j);
-    if (m == 1 && vnni && at.pair_at(j, j1)) {  // paired bands: the VNNI layout
-      const Band pair[2] = {at.band(j), at.band(j + kRowsPerBand)};
-      float* ys[2] = {y + j, y + j + kRowsPerBand};
-      bands_row_vnni<2>(xq.q.data(), xq.d.data(), xq.gsum.data(), pair, k, w.group_size, kRowsPerBand, ys,
-                        decode_prefetch_bytes(0));
-      j += kRowsPerBand;
-      continue;
-    }
     if (m > 1 && vnni && j + 2 * kRowsPerBand <= std::min(j1, at.bands_end)) {
       const Band pair[2] = {at.band(j), at.band(j + kRowsPerBand)};
       run_band_pair(xq, m, pair, 2 * kRowsPerBand, k, w.group_size, y + j, n, scratch);
@@ -583,18 +560,18 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
 template <class F>
 void for_row_ranges(int64_t m, const WeightView& w, F run) {
   const int64_t n = w.rows, k = w.cols;
-  const int64_t units = (n + kRowsPerPair - 1) / kRowsPerPair;  // pairs of bands: never split between threads
+  const int64_t bands = (n + kRowsPerBand - 1) / kRowsPerBand;
   const int64_t groups = k / w.group_size;
   const int64_t bytes = n * (k / 2) + n * groups * int64_t(sizeof(float)) * (w.zeros != nullptr ? 2 : 1);
-  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || team_max_threads() == 1 || units == 1) {
+  if ((m * n * k < kParallelWork && bytes < kParallelStreamBytes) || team_max_threads() == 1 || bands == 1) {
     run(int64_t(0), n);
     return;
   }
   // Decode: each thread requests its band's first lines (weights, scales, zeros) before it claims
   // (int4 110m decode +4-5%: BM_DecodeRoofline/2, 16 runs alternated in one process; 2 KiB no better).
   const I4Layout at(w);
-  auto start = [&](int64_t unit) {
-    const int64_t j = unit * kRowsPerPair;
+  auto start = [&](int64_t band) {
+    const int64_t j = band * kRowsPerBand;
     if (m != 1 || j >= at.bands_end) return;
     const Band b = at.band(j);
     prefetch_lines(b.w, kStreamStartBytes);
@@ -608,7 +585,7 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
   // the int4 GEMVs of an int4 110m decode read at 0.63-0.66 of the f32 head's rate in the same run
   // where whole bands read at 0.69-0.73 (median of 6-14 alternating `tessera run -n 256` each, in
   // the fast minutes, head at 57-82 GB/s; the minutes at ~35 GB/s read 0.93-0.95 either way).
-  for_units(units, [&](int64_t u0, int64_t u1) { run(u0 * kRowsPerPair, std::min(n, u1 * kRowsPerPair)); },
+  for_units(bands, [&](int64_t b0, int64_t b1) { run(b0 * kRowsPerBand, std::min(n, b1 * kRowsPerBand)); },
             m == 1 ? 1 : StealingBands::kClaimDivisor, start);
 }
 
@@ -665,15 +642,11 @@ void prepare_weight_i4(WeightView& w) {
     stream.insert(stream.end(), static_cast<const uint8_t*>(from), static_cast<const uint8_t*>(from) + bytes);
   };
   const int64_t group_nibbles = kRowsPerBand * v.group_size / 2;
-  // In pairs for the VNNI decode on the amd tuning (the intel tuning's streams read bands apart).
-  const bool paired = vnni_for(w.kernel_variant, "i4") && stream_tuning() == StreamTuning::amd;
-  const int64_t pairs_end = paired ? bands_end / kRowsPerPair * kRowsPerPair : 0;
-  for (int64_t j = 0; j < bands_end; j += j < pairs_end ? kRowsPerPair : kRowsPerBand) {
-    const int64_t together = j < pairs_end ? 2 : 1;
+  for (int64_t j = 0; j < bands_end; j += kRowsPerBand) {
     for (int64_t gi = 0; gi < groups; ++gi) {
-      for (int64_t b = 0; b < together; ++b) put(w.scales + (j + b * kRowsPerBand) * groups + gi * kRowsPerBand, kRowsPerBand * 4);
-      for (int64_t b = 0; b < together && asym; ++b) put(w.zeros + (j + b * kRowsPerBand) * groups + gi * kRowsPerBand, kRowsPerBand * 4);
-      for (int64_t b = 0; b < together; ++b) put(data + (j + b * kRowsPerBand) * row_bytes + gi * group_nibbles, group_nibbles);
+      put(w.scales + j * groups + gi * kRowsPerBand, kRowsPerBand * 4);
+      if (asym) put(w.zeros + j * groups + gi * kRowsPerBand, kRowsPerBand * 4);
+      put(data + j * row_bytes + gi * group_nibbles, group_nibbles);
     }
   }
   put(w.scales + bands_end * groups, tail * groups * 4);
@@ -684,11 +657,11 @@ void prepare_weight_i4(WeightView& w) {
   w.data = base;
   w.scales = reinterpret_cast<const float*>(base + bands_end / kRowsPerBand * band_bytes);
   w.zeros = asym ? w.scales + tail * groups : nullptr;
-  w.kernel_variant |= kBandStream | (paired ? kPairedBands : 0);
+  w.kernel_variant |= kBandStream;
 }
 
 void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
-  const int32_t variant = view.kernel_variant & ~(kPackedBands | kBandStream | kPairedBands);
+  const int32_t variant = view.kernel_variant & ~(kPackedBands | kBandStream);
   if (!simd_kernel(variant) && variant != kKernelReference) {
     throw Error("cpu gemm on i4: unknown kernel variant " + std::to_string(variant) +
                 " (0 = auto, 2 = scalar reference, 3 = avx2, 4 = vnni)");

@@ -92,14 +92,6 @@ inline bool cpu_has_vnni() {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
 
-// The CPU kernels' decode tuning (kernels_cpu's stream_tuning): TESSERA_CPU_TUNING, else the vendor's.
-inline bool cpu_tuning_is_intel() {
-  const char* tuning = std::getenv("TESSERA_CPU_TUNING");
-  if (tuning != nullptr) return std::string(tuning) == "intel";
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel");
-}
-
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
