@@ -46,24 +46,24 @@ std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const Pipelin
   return build_pipeline(registry, load_pipeline_spec(resolve_pipeline_path(args.pipeline)), args);
 }
 
-std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args) {
+PipelineOptions pipeline_options(const PipelineArgs& args) {
   PipelineOptions options;
   options.model = args.model;
   options.model_flag = args.model_flag;
   options.backend = args.backend;
   options.kv_dtype = args.kv_dtype;
   options.threads = args.threads;
-  std::unique_ptr<Pipeline> pipeline = Pipeline::build(spec, registry, options);
+  return options;
+}
+
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args) {
+  std::unique_ptr<Pipeline> pipeline = Pipeline::build(spec, registry, pipeline_options(args));
   // A quantizer whose every weight fell back to float (group 128 on rows of 64, say) runs the
   // float model under its name: say so.
   const std::vector<std::string>& formats = pipeline->model().linear_formats();
   const auto fell_back = [](const std::string& f) { return f.find("(fallback") != std::string::npos; };
-  const auto in_float = [](const std::string& f) {
-    const std::string type = f.substr(0, f.find(' '));
-    return type == "f32" || type == "f16" || type == "bf16";
-  };
   const auto first_fallback = std::find_if(formats.begin(), formats.end(), fell_back);
-  if (first_fallback != formats.end() && std::all_of(formats.begin(), formats.end(), in_float)) {
+  if (first_fallback != formats.end() && std::all_of(formats.begin(), formats.end(), Model::is_float_format)) {
     std::cerr << "warning: the quantizer quantized no weight; every one stays in float, e.g. " << *first_fallback
               << "\n";
   }

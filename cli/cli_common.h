@@ -26,5 +26,7 @@ std::string resolve_pipeline_path(const std::string& given);
 std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args);
 // The same from a spec already loaded (-p is then ignored).
 std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args);
+// The options build_pipeline builds with (-m, --backend, --kv-dtype, --threads).
+PipelineOptions pipeline_options(const PipelineArgs& args);
 
 }  // namespace tessera::cli

@@ -1,5 +1,8 @@
 // tessera eval: perplexity of a pipeline on a text file and, with --baseline, how far it moves
-// from a baseline pipeline (perplexity delta, KL divergence, teacher-forced and greedy agreement).
+// from a baseline pipeline (perplexity delta, KL divergence, teacher-forced and greedy agreement);
+// with --sensitivity, which of its quantized weights are worth keeping in float.
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@ struct EvalArgs {
   std::string prompts_file;
   int64_t ctx = 128;
   int64_t greedy_tokens = 96;
+  bool sensitivity = false;
   std::string format = "text";
 };
 
@@ -62,7 +66,8 @@ void eval(const EvalArgs& args) {
   const std::string text = read_file(args.text, "text file");
   Registry registry;
   load_plugins(registry);
-  auto pipeline = build_pipeline(registry, args.pipeline);
+  const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
+  auto pipeline = build_pipeline(registry, spec, args.pipeline);
   const Tokenizer& tok = pipeline->tokenizer();
   const std::vector<int32_t> tokens = tok.encode(text, true);
   std::unique_ptr<Pipeline> baseline;
@@ -89,6 +94,18 @@ void eval(const EvalArgs& args) {
                     baseline->model_path() + ": perplexities would not be comparable");
       }
     }
+  }
+  std::vector<TensorSensitivity> sensitivity;
+  if (args.sensitivity) {
+    // Progress on stderr: one build and perplexity run per quantized weight.
+    sensitivity = keep_float_sensitivity(
+        spec, registry, pipeline_options(args.pipeline), pipeline->model(), tokens, args.ctx,
+        [](const TensorSensitivity& t, size_t i, size_t n) {
+          std::cerr << "[" << i + 1 << "/" << n << "] " << t.tensor << " in float: perplexity " << t.perplexity << "\n";
+        });
+    // Most helpful first: the lowest perplexity with the weight in float.
+    std::stable_sort(sensitivity.begin(), sensitivity.end(),
+                     [](const TensorSensitivity& a, const TensorSensitivity& b) { return a.perplexity < b.perplexity; });
   }
   // Against a baseline, both pipelines go through the text together (their logits side by side).
   std::optional<BaselineComparison> compared;
@@ -120,6 +137,17 @@ void eval(const EvalArgs& args) {
     j["greedy_tokens_per_prompt"] = g.tokens_per_prompt;
   }
 
+  if (args.sensitivity) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TensorSensitivity& t : sensitivity) {
+      list.push_back({{"tensor", t.tensor},
+                      {"format", t.format},
+                      {"perplexity", t.perplexity},
+                      {"perplexity_change_percent", 100.0 * (t.perplexity - r.perplexity) / r.perplexity},
+                      {"extra_weight_bytes", t.extra_weight_bytes}});
+    }
+    j["keep_float_sensitivity"] = list;
+  }
   if (args.format == "json") {
     std::cout << j.dump() << "\n";
     return;
@@ -136,6 +164,17 @@ void eval(const EvalArgs& args) {
               << j["kl_divergence"]["p99"].get<double>() << ", max " << j["kl_divergence"]["max"].get<double>() << ")\n"
               << "greedy agreement " << j["greedy_agreement"].get<double>() << " (identical prefix per prompt: "
               << j["greedy_prefix_per_prompt"].dump() << " of " << args.greedy_tokens << ")\n";
+  }
+  if (args.sensitivity) {
+    std::cout << "keep_float sensitivity: the perplexity with one more weight kept in float (most helpful first)\n";
+    if (sensitivity.empty()) std::cout << "  (the quantizer quantized no weight)\n";
+    for (const TensorSensitivity& t : sensitivity) {
+      char line[256];
+      std::snprintf(line, sizeof line, "  %-28s %-18s %10.4f %+8.2f%% %+12lld bytes\n", t.tensor.c_str(),
+                    t.format.c_str(), t.perplexity, 100.0 * (t.perplexity - r.perplexity) / r.perplexity,
+                    static_cast<long long>(t.extra_weight_bytes));
+      std::cout << line;
+    }
   }
 }
 
@@ -157,6 +196,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--greedy-tokens", args->greedy_tokens, "tokens generated per prompt for greedy agreement")
       ->check(kPositive)
       ->needs(baseline);
+  cmd->add_flag("--sensitivity", args->sensitivity,
+                "rank the quantized weights by the perplexity with each one kept in float (keep_float), and the "
+                "bytes that costs: one model load and perplexity run per weight");
   cmd->add_option("--format", args->format, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { eval(*args); });
 }

@@ -129,9 +129,8 @@ inline std::string read_text(const std::string& path) {
 
 // The default pipeline on the CPU, with `model` and optional component overrides:
 // {"cache": {"plugin": "contiguous", "max_seqs": 4}}.
-inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
-                                              const nlohmann::json& components = nlohmann::json::object(),
-                                              DType kv_dtype = DType::F32) {
+inline PipelineSpec cpu_spec(const std::string& model, const nlohmann::json& components = nlohmann::json::object(),
+                             DType kv_dtype = DType::F32) {
   PipelineSpec spec = default_pipeline_spec();
   spec.model = model;
   spec.backend = "cpu";
@@ -146,7 +145,13 @@ inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
     c.where = "test";
     spec.components[kind] = c;
   }
-  return Pipeline::build(spec, plugins());
+  return spec;
+}
+
+inline std::unique_ptr<Pipeline> cpu_pipeline(const std::string& model,
+                                              const nlohmann::json& components = nlohmann::json::object(),
+                                              DType kv_dtype = DType::F32) {
+  return Pipeline::build(cpu_spec(model, components, kv_dtype), plugins());
 }
 
 // What a `tessera` command printed (stdout and stderr together) and its exit status.

@@ -8,6 +8,7 @@
 
 #include "tessera/engine.h"
 #include "tessera/error.h"
+#include "tessera/registry.h"
 
 namespace tessera {
 
@@ -200,6 +201,43 @@ GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
   }
   g.share = total > 0 ? double(same) / double(total) : 0.0;
   return g;
+}
+
+std::vector<TensorSensitivity> keep_float_sensitivity(
+    const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
+    std::span<const int32_t> tokens, int64_t ctx,
+    const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor) {
+  const auto quantizer = spec.components.find(ComponentKind::quantizer);
+  const std::string plugin =
+      quantizer != spec.components.end() ? quantizer->second.plugin : default_plugin(ComponentKind::quantizer);
+  const PluginEntry* entry = registry.find(ComponentKind::quantizer, plugin);
+  const auto keep_float = [](const ParamSpec& p) { return p.name == "keep_float"; };
+  if (entry == nullptr || std::none_of(entry->params.begin(), entry->params.end(), keep_float)) {
+    throw Error("keep_float sensitivity: quantizer '" + plugin +
+                "' has no keep_float parameter (scan a pipeline whose quantizer quantizes: int8, int4 or gguf)");
+  }
+  std::vector<TensorSensitivity> quantized;
+  for (size_t i = 0; i < built.linear_names().size(); ++i) {
+    const std::string& format = built.linear_formats()[i];
+    if (!Model::is_float_format(format)) quantized.push_back({built.linear_names()[i], format});
+  }
+  nlohmann::json kept = nlohmann::json::array();
+  if (quantizer != spec.components.end() && quantizer->second.params.contains("keep_float")) {
+    kept = quantizer->second.params["keep_float"];
+  }
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    TensorSensitivity& t = quantized[i];
+    PipelineSpec one = spec;
+    ComponentSpec& q = one.components[ComponentKind::quantizer];
+    q.plugin = plugin;
+    q.params["keep_float"] = kept;
+    q.params["keep_float"].push_back(t.tensor);  // a tensor's name as a pattern matches it alone
+    auto pipeline = Pipeline::build(one, registry, options);
+    t.perplexity = perplexity(*pipeline, tokens, ctx).perplexity;
+    t.extra_weight_bytes = int64_t(pipeline->model().weight_bytes()) - int64_t(built.weight_bytes());
+    if (on_tensor) on_tensor(t, i, quantized.size());
+  }
+  return quantized;
 }
 
 }  // namespace tessera

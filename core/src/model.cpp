@@ -231,6 +231,11 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
 
 Model::~Model() = default;
 
+bool Model::is_float_format(const std::string& format) {
+  const std::string type = format.substr(0, format.find(' '));
+  return type == "f32" || type == "f16" || type == "bf16";
+}
+
 std::string Model::weight_formats() const {
   std::map<std::string, int> counts;
   for (const auto& f : formats_) ++counts[f];

@@ -334,6 +334,36 @@ TEST(Cli, EvalAgainstABaselineReportsDeltaAndAgreement) {
   EXPECT_EQ(j["greedy_prefix_per_prompt"].size(), 5u);
 }
 
+TEST(Cli, EvalSensitivityRanksTheQuantizedWeightsKeptInFloat) {
+  const std::string text = "--text '" + test::kShared + "/eval/tiny_stories_eval.txt'";
+  // int8 quantizes all 36 weights of stories260K (q, k, v, o, gate, up, down of 5 blocks, the head).
+  Output o = tessera_cmd("eval --format json -p pipelines/int8.yaml --sensitivity " + text);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("[36/36] "), std::string::npos) << "progress on stderr: " << o.text;
+  const auto j = nlohmann::json::parse(o.text.substr(o.text.find('{')));
+  const auto& list = j["keep_float_sensitivity"];
+  ASSERT_EQ(list.size(), 36u);
+  const double ppl = j["perplexity"].get<double>();
+  for (size_t i = 0; i < list.size(); ++i) {
+    SCOPED_TRACE(list[i].dump());
+    EXPECT_EQ(list[i]["format"], "int8");
+    EXPECT_GT(list[i]["extra_weight_bytes"].get<int64_t>(), 0);
+    const double p = list[i]["perplexity"].get<double>();
+    EXPECT_NEAR(list[i]["perplexity_change_percent"].get<double>(), 100.0 * (p - ppl) / ppl, 1e-9);
+    if (i > 0) EXPECT_LE(list[i - 1]["perplexity"].get<double>(), p) << "most helpful first";
+  }
+  o = tessera_cmd("eval -p pipelines/int8.yaml --sensitivity " + text);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("keep_float sensitivity: the perplexity with one more weight kept in float"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("  " + list[0]["tensor"].get<std::string>() + " "), std::string::npos) << o.text;
+  // Without a quantizer that quantizes there is nothing to scan: refused before any scoring.
+  o = tessera_cmd("eval --sensitivity " + text);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("quantizer 'none' has no keep_float parameter"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("perplexity "), std::string::npos) << o.text;
+}
+
 }  // namespace
 }  // namespace tessera
 

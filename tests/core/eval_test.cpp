@@ -1,6 +1,8 @@
 // Perplexity by the reference method (golden/README.md) on the real model and eval text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "test_util.h"
 #include "tessera/eval.h"
 
@@ -85,6 +87,52 @@ TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {
     EXPECT_NE(std::string(e.what()).find("--greedy-tokens"), std::string::npos) << e.what();
   }
   EXPECT_EQ(greedy_agreement(*base, *bounded, prompts, 40).share, 1.0);
+}
+
+// Leave-one-out keep_float on stories260K in int4 (g32, asymmetric, the head kept in float): one
+// entry per weight the quantizer quantized — q, k, v, o, gate and up of 5 blocks; ffn_down's rows
+// of 172 fall back to float — each costing its float bytes less its int4 bytes, and keeping some
+// weight in float lowers the perplexity.
+TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightKeptInFloat) {
+  const PipelineSpec spec = test::cpu_spec(
+      test::kStoriesF32,
+      {{"quantizer", {{"plugin", "int4"}, {"scheme", "asymmetric"}, {"keep_float", nlohmann::json::array({"output"})}}}});
+  auto built = Pipeline::build(spec, test::plugins());
+  const auto tokens = built->tokenizer().encode(test::read_text(test::kShared + "/eval/tiny_stories_eval.txt"), true);
+  const double reference = perplexity(*built, tokens, 128).perplexity;
+  size_t heard = 0;
+  const auto scan = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128,
+                                           [&](const TensorSensitivity& t, size_t i, size_t n) {
+                                             EXPECT_EQ(i, heard++) << t.tensor;
+                                             EXPECT_EQ(n, 30u);
+                                           });
+  ASSERT_EQ(scan.size(), 30u);
+  EXPECT_EQ(heard, 30u);
+  const ModelConfig& c = built->model().config();
+  double best = reference;
+  for (const TensorSensitivity& t : scan) {
+    SCOPED_TRACE(t.tensor);
+    EXPECT_EQ(t.format, "int4/g32/asym");
+    const bool kv = t.tensor.find("attn_k") != std::string::npos || t.tensor.find("attn_v") != std::string::npos;
+    const bool ffn = t.tensor.find("ffn_") != std::string::npos;
+    EXPECT_EQ(t.tensor.find("ffn_down"), std::string::npos);
+    const int64_t rows = ffn ? c.ffn_dim : kv ? c.n_kv_heads * (c.dim / c.n_heads) : c.dim;
+    // f32 against 4 bits a weight plus a float scale and zero point per 32 columns.
+    EXPECT_EQ(t.extra_weight_bytes, rows * c.dim * 4 - (rows * c.dim / 2 + rows * (c.dim / 32) * 8));
+    EXPECT_NE(t.perplexity, reference);
+    EXPECT_NEAR(t.perplexity, reference, reference * 0.03);
+    best = std::min(best, t.perplexity);
+  }
+  EXPECT_LT(best, reference);
+  // Nothing to keep in float without a quantizer that quantizes.
+  const PipelineSpec plain = test::cpu_spec(test::kStoriesF32);
+  auto f32 = Pipeline::build(plain, test::plugins());
+  try {
+    keep_float_sensitivity(plain, test::plugins(), {}, f32->model(), tokens, 128);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantizer 'none' has no keep_float parameter"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Perplexity, RefusesTextShorterThanOneChunk) {

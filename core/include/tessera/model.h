@@ -69,6 +69,9 @@ class Model {
   std::string weight_formats() const;
   // Each linear's format (Linear::format()), in load order: "int4/g32/asym", "f32 (fallback: ...)".
   const std::vector<std::string>& linear_formats() const { return formats_; }
+  // Whether one of linear_formats() keeps the weight in floating point (f32, f16 or bf16: kept,
+  // fallen back, or never quantized).
+  static bool is_float_format(const std::string& format);
   // The names of the weights offered to the quantizer, in load order ("output.weight" also when
   // the head is tied to token_embd): what its tensor patterns (keep_float ...) are matched against.
   const std::vector<std::string>& linear_names() const { return linear_names_; }
