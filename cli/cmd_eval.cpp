@@ -27,6 +27,7 @@ struct EvalArgs {
   int64_t ctx = 128;
   int64_t greedy_tokens = 96;
   bool sensitivity = false;
+  std::string sensitivity_by = "tensor";
   std::string format = "text";
 };
 
@@ -100,6 +101,9 @@ void eval(const EvalArgs& args) {
     // Progress on stderr: one build and perplexity run per quantized weight.
     sensitivity = keep_float_sensitivity(
         spec, registry, pipeline_options(args.pipeline), pipeline->model(), tokens, args.ctx,
+        args.sensitivity_by == "kind"    ? SensitivityGroup::kind
+        : args.sensitivity_by == "block" ? SensitivityGroup::block
+                                         : SensitivityGroup::tensor,
         [](const TensorSensitivity& t, size_t i, size_t n) {
           std::cerr << "[" << i + 1 << "/" << n << "] " << t.tensor << " in float: perplexity " << t.perplexity << "\n";
         });
@@ -142,6 +146,7 @@ void eval(const EvalArgs& args) {
     for (const TensorSensitivity& t : sensitivity) {
       list.push_back({{"tensor", t.tensor},
                       {"format", t.format},
+                      {"weights", t.weights},
                       {"perplexity", t.perplexity},
                       {"perplexity_change_percent", 100.0 * (t.perplexity - r.perplexity) / r.perplexity},
                       {"extra_weight_bytes", t.extra_weight_bytes}});
@@ -170,9 +175,9 @@ void eval(const EvalArgs& args) {
     if (sensitivity.empty()) std::cout << "  (the quantizer quantized no weight)\n";
     for (const TensorSensitivity& t : sensitivity) {
       char line[256];
-      std::snprintf(line, sizeof line, "  %-28s %-18s %10.4f %+8.2f%% %+12lld bytes\n", t.tensor.c_str(),
-                    t.format.c_str(), t.perplexity, 100.0 * (t.perplexity - r.perplexity) / r.perplexity,
-                    static_cast<long long>(t.extra_weight_bytes));
+      std::snprintf(line, sizeof line, "  %-28s %-16s x%-3lld %10.4f %+8.2f%% %+12lld bytes\n", t.tensor.c_str(),
+                    t.format.c_str(), static_cast<long long>(t.weights), t.perplexity,
+                    100.0 * (t.perplexity - r.perplexity) / r.perplexity, static_cast<long long>(t.extra_weight_bytes));
       std::cout << line;
     }
   }
@@ -196,9 +201,14 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--greedy-tokens", args->greedy_tokens, "tokens generated per prompt for greedy agreement")
       ->check(kPositive)
       ->needs(baseline);
-  cmd->add_flag("--sensitivity", args->sensitivity,
-                "rank the quantized weights by the perplexity with each one kept in float (keep_float), and the "
-                "bytes that costs: one model load and perplexity run per weight");
+  CLI::Option* sensitivity =
+      cmd->add_flag("--sensitivity", args->sensitivity,
+                    "rank the quantized weights by the perplexity with each one kept in float (keep_float), and the "
+                    "bytes that costs: one model load and perplexity run per weight");
+  cmd->add_option("--sensitivity-by", args->sensitivity_by,
+                  "tensor (each weight), kind (*.attn_v.weight: that weight of every block) or block (blk.0.*)")
+      ->check(CLI::IsMember({"tensor", "kind", "block"}))
+      ->needs(sensitivity);
   cmd->add_option("--format", args->format, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { eval(*args); });
 }

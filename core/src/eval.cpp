@@ -203,9 +203,22 @@ GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
   return g;
 }
 
+namespace {
+
+// The keep_float pattern of a weight's group: its name (which matches it alone), "*.<kind>" for
+// the same weight of every block, "blk.<n>.*" for its block; weights outside the blocks alone.
+std::string sensitivity_pattern(const std::string& name, SensitivityGroup group) {
+  if (group == SensitivityGroup::tensor || name.rfind("blk.", 0) != 0) return name;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos) return name;
+  return group == SensitivityGroup::kind ? "*" + name.substr(dot) : name.substr(0, dot) + ".*";
+}
+
+}  // namespace
+
 std::vector<TensorSensitivity> keep_float_sensitivity(
     const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
-    std::span<const int32_t> tokens, int64_t ctx,
+    std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group,
     const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor) {
   const auto quantizer = spec.components.find(ComponentKind::quantizer);
   const std::string plugin =
@@ -216,10 +229,18 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
     throw Error("keep_float sensitivity: quantizer '" + plugin +
                 "' has no keep_float parameter (scan a pipeline whose quantizer quantizes: int8, int4 or gguf)");
   }
+  // The patterns to score, in load order of their first weight.
   std::vector<TensorSensitivity> quantized;
   for (size_t i = 0; i < built.linear_names().size(); ++i) {
     const std::string& format = built.linear_formats()[i];
-    if (!Model::is_float_format(format)) quantized.push_back({built.linear_names()[i], format});
+    if (Model::is_float_format(format)) continue;
+    const std::string pattern = sensitivity_pattern(built.linear_names()[i], group);
+    const auto same = [&](const TensorSensitivity& t) { return t.tensor == pattern; };
+    if (auto it = std::find_if(quantized.begin(), quantized.end(), same); it != quantized.end()) {
+      ++it->weights;
+    } else {
+      quantized.push_back({pattern, format, 1});
+    }
   }
   nlohmann::json kept = nlohmann::json::array();
   if (quantizer != spec.components.end() && quantizer->second.params.contains("keep_float")) {
@@ -231,7 +252,7 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
     ComponentSpec& q = one.components[ComponentKind::quantizer];
     q.plugin = plugin;
     q.params["keep_float"] = kept;
-    q.params["keep_float"].push_back(t.tensor);  // a tensor's name as a pattern matches it alone
+    q.params["keep_float"].push_back(t.tensor);
     auto pipeline = Pipeline::build(one, registry, options);
     t.perplexity = perplexity(*pipeline, tokens, ctx).perplexity;
     t.extra_weight_bytes = int64_t(pipeline->model().weight_bytes()) - int64_t(built.weight_bytes());

@@ -357,6 +357,16 @@ TEST(Cli, EvalSensitivityRanksTheQuantizedWeightsKeptInFloat) {
   EXPECT_NE(o.text.find("keep_float sensitivity: the perplexity with one more weight kept in float"), std::string::npos)
       << o.text;
   EXPECT_NE(o.text.find("  " + list[0]["tensor"].get<std::string>() + " "), std::string::npos) << o.text;
+  // By block: blk.0.* .. blk.4.* (7 weights each) and the head alone.
+  o = tessera_cmd("eval --format json -p pipelines/int8.yaml --sensitivity --sensitivity-by block " + text);
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto blocks = nlohmann::json::parse(o.text.substr(o.text.find('{')))["keep_float_sensitivity"];
+  ASSERT_EQ(blocks.size(), 6u);
+  for (const auto& b : blocks) {
+    const bool head = b["tensor"] == "output.weight";
+    EXPECT_TRUE(head || b["tensor"].get<std::string>().starts_with("blk.")) << b;
+    EXPECT_EQ(b["weights"], head ? 1 : 7) << b;
+  }
   // Without a quantizer that quantizes there is nothing to scan: refused before any scoring.
   o = tessera_cmd("eval --sensitivity " + text);
   EXPECT_EQ(o.status, 1) << o.text;

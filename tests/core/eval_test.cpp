@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "test_util.h"
 #include "tessera/eval.h"
@@ -92,8 +93,8 @@ TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {
 // Leave-one-out keep_float on stories260K in int4 (g32, asymmetric, the head kept in float): one
 // entry per weight the quantizer quantized — q, k, v, o, gate and up of 5 blocks; ffn_down's rows
 // of 172 fall back to float — each costing its float bytes less its int4 bytes, and keeping some
-// weight in float lowers the perplexity.
-TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightKeptInFloat) {
+// weight in float lowers the perplexity; then the same by kind and by block.
+TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   const PipelineSpec spec = test::cpu_spec(
       test::kStoriesF32,
       {{"quantizer", {{"plugin", "int4"}, {"scheme", "asymmetric"}, {"keep_float", nlohmann::json::array({"output"})}}}});
@@ -102,6 +103,7 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightKeptInFloat) {
   const double reference = perplexity(*built, tokens, 128).perplexity;
   size_t heard = 0;
   const auto scan = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128,
+                                           SensitivityGroup::tensor,
                                            [&](const TensorSensitivity& t, size_t i, size_t n) {
                                              EXPECT_EQ(i, heard++) << t.tensor;
                                              EXPECT_EQ(n, 30u);
@@ -110,9 +112,14 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightKeptInFloat) {
   EXPECT_EQ(heard, 30u);
   const ModelConfig& c = built->model().config();
   double best = reference;
+  std::map<std::string, int64_t> kind_bytes;  // summed over blocks
+  std::map<std::string, int64_t> block_bytes;
   for (const TensorSensitivity& t : scan) {
     SCOPED_TRACE(t.tensor);
     EXPECT_EQ(t.format, "int4/g32/asym");
+    EXPECT_EQ(t.weights, 1);
+    kind_bytes["*" + t.tensor.substr(t.tensor.find('.', 4))] += t.extra_weight_bytes;
+    block_bytes[t.tensor.substr(0, t.tensor.find('.', 4)) + ".*"] += t.extra_weight_bytes;
     const bool kv = t.tensor.find("attn_k") != std::string::npos || t.tensor.find("attn_v") != std::string::npos;
     const bool ffn = t.tensor.find("ffn_") != std::string::npos;
     EXPECT_EQ(t.tensor.find("ffn_down"), std::string::npos);
@@ -124,6 +131,27 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightKeptInFloat) {
     best = std::min(best, t.perplexity);
   }
   EXPECT_LT(best, reference);
+  // Grouped: the same weight of every block (6 kinds of 5), every weight of a block (5 blocks of 6),
+  // each group costing its members' bytes; a group's perplexity is the pipeline's with its pattern
+  // in keep_float.
+  std::vector<TensorSensitivity> kinds;
+  for (const auto& [group, bytes] : {std::pair{SensitivityGroup::kind, kind_bytes}, {SensitivityGroup::block, block_bytes}}) {
+    const auto groups = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128, group);
+    if (group == SensitivityGroup::kind) kinds = groups;
+    ASSERT_EQ(groups.size(), bytes.size());
+    for (const TensorSensitivity& g : groups) {
+      SCOPED_TRACE(g.tensor);
+      EXPECT_EQ(g.weights, group == SensitivityGroup::kind ? 5 : 6);
+      ASSERT_TRUE(bytes.count(g.tensor));
+      EXPECT_EQ(g.extra_weight_bytes, bytes.at(g.tensor));
+    }
+  }
+  auto v_kept = test::cpu_pipeline(
+      test::kStoriesF32, {{"quantizer",
+                           {{"plugin", "int4"}, {"scheme", "asymmetric"}, {"keep_float", {"output", "*.attn_v.weight"}}}}});
+  const auto v = std::find_if(kinds.begin(), kinds.end(), [](const TensorSensitivity& t) { return t.tensor == "*.attn_v.weight"; });
+  ASSERT_NE(v, kinds.end());
+  EXPECT_EQ(v->perplexity, perplexity(*v_kept, tokens, 128).perplexity);
   // Nothing to keep in float without a quantizer that quantizes.
   const PipelineSpec plain = test::cpu_spec(test::kStoriesF32);
   auto f32 = Pipeline::build(plain, test::plugins());

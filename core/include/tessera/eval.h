@@ -61,23 +61,31 @@ GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t n);
 
 // Leave-one-out sensitivity of a quantized pipeline's weights: for each weight its quantizer
-// quantized (a format not f32/f16/bf16), the perplexity with that weight alone added to the
-// quantizer's keep_float — which tensors are worth keeping in float, and at what memory cost.
+// quantized (a format not f32/f16/bf16), or each group of them, the perplexity with that weight
+// (group) alone added to the quantizer's keep_float — which tensors are worth keeping in float,
+// and at what memory cost.
+enum class SensitivityGroup {
+  tensor,  // each weight alone: "blk.0.ffn_up.weight"
+  kind,    // the same weight of every block: "*.ffn_up.weight" (output.weight alone)
+  block,   // every weight of a block: "blk.0.*" (output.weight alone)
+};
+
 struct TensorSensitivity {
-  std::string tensor;              // as the quantizer's patterns see it, e.g. "blk.0.ffn_up.weight"
-  std::string format;              // its format in the pipeline, e.g. "int4/g32/asym"
+  std::string tensor;              // the keep_float pattern scored: a weight's name or a group's pattern
+  std::string format;              // the format of its (first) weight in the pipeline, e.g. "int4/g32/asym"
+  int64_t weights = 0;             // how many quantized weights the pattern keeps in float
   double perplexity = 0;           // the pipeline's with this weight kept in float
   int64_t extra_weight_bytes = 0;  // what keeping it in float adds to the resident weights
 };
 
 // `built` is the model of the pipeline built from spec and options (which weights it quantized, its
-// resident bytes). Builds the pipeline again once per quantized weight (each build loads and
+// resident bytes). Builds the pipeline again once per quantized weight or group (each build loads and
 // quantizes the model) and scores it on `tokens` as perplexity() does; `on_tensor` (optional) hears
 // each result as it comes, with its index and the count. Throws Error when the quantizer has no
 // keep_float parameter.
 std::vector<TensorSensitivity> keep_float_sensitivity(
     const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
-    std::span<const int32_t> tokens, int64_t ctx,
+    std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group = SensitivityGroup::tensor,
     const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor = {});
 
 }  // namespace tessera
