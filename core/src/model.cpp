@@ -70,8 +70,9 @@ ModelConfig read_model_config(const GgufFile& file) {
 struct Model::Layer {
   DeviceBuffer attn_norm, ffn_norm;
   // q|k|v and gate|up as one Linear each where the quantizer stores the parts alike (wq, wk, wv,
-  // w_gate, w_up are then null).
-  std::unique_ptr<Linear> wqkv, w_gate_up;
+  // w_gate, w_up are then null); else q|k where those two are alike (v stored otherwise, e.g.
+  // kept in float or given more bits: two GEMVs instead of three).
+  std::unique_ptr<Linear> wqkv, wqk, w_gate_up;
   std::unique_ptr<Linear> wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
@@ -201,8 +202,11 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     L.ffn_norm = norm(p + "ffn_norm.weight");
     L.wqkv = fused({{p + "attn_q.weight", c.dim}, {p + "attn_k.weight", kv_dim}, {p + "attn_v.weight", kv_dim}}, c.dim);
     if (L.wqkv == nullptr) {
-      L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
-      L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
+      L.wqk = fused({{p + "attn_q.weight", c.dim}, {p + "attn_k.weight", kv_dim}}, c.dim);
+      if (L.wqk == nullptr) {
+        L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
+        L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
+      }
       L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
     }
     L.wo = linear(p + "attn_output.weight", c.dim, c.dim);
@@ -212,7 +216,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
       L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
     }
     L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim);
-    any_fused_ = any_fused_ || L.wqkv != nullptr || L.w_gate_up != nullptr;
+    any_fused_ = any_fused_ || L.wqkv != nullptr || L.wqk != nullptr || L.w_gate_up != nullptr;
   }
   output_norm_ = norm("output_norm.weight");
   if (c.tied_output) {
@@ -408,8 +412,13 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     float* q = s.q.as<float>();
     float* k = s.k.as<float>();
     float* v = s.v.as<float>();
-    project(L.wqkv.get(), s.qkv.as<float>(),
-            {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
+    if (L.wqkv != nullptr) {
+      project(L.wqkv.get(), s.qkv.as<float>(),
+              {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
+    } else {
+      project(L.wqk.get(), s.qkv.as<float>(), {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}});
+      L.wv->forward(xb, T, v);
+    }
     backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     backend_.rope(k, pos, T, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
     attention.forward(backend_, step, cache.layer(l), q, k, v, att);

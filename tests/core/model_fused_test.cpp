@@ -82,6 +82,56 @@ TEST(ModelFused, GivesTheBitsOfSeparateLinears) {
   }
 }
 
+// The pipeline's quantizer, noting the weights of every fusion it made.
+class Noting final : public Quantizer {
+ public:
+  explicit Noting(Quantizer& inner) : inner_(inner) {}
+  std::unique_ptr<Linear> make_linear(Backend& backend, const WeightSource& w) override {
+    return inner_.make_linear(backend, w);
+  }
+  std::unique_ptr<Linear> make_fused_linear(Backend& backend, std::span<const WeightSource> parts) override {
+    auto l = inner_.make_fused_linear(backend, parts);
+    if (l != nullptr) {
+      std::string names;
+      for (const WeightSource& w : parts) names += (names.empty() ? "" : "|") + w.name;
+      fused.push_back(names);
+    }
+    return l;
+  }
+  std::vector<std::string> fused;
+
+ private:
+  Quantizer& inner_;
+};
+
+// With v stored otherwise than q and k (kept in float, or given int8 by an int4 override), q|k
+// still run as one Linear and v alone: two GEMVs instead of three, the same bits as all apart.
+TEST(ModelFused, QueryAndKeyJoinWhereTheValueIsStoredOtherwise) {
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 313};
+  for (const nlohmann::json& quantizer :
+       {nlohmann::json{{"plugin", "int8"}, {"keep_float", {"*.attn_v.weight"}}},
+        nlohmann::json{{"plugin", "int4"}, {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}}}) {
+    SCOPED_TRACE(quantizer.dump());
+    auto p = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", quantizer}});
+    Noting noting(p->quantizer());
+    Model joined(GgufFile::open(test::kStoriesF32), p->backend(), noting);
+    ASSERT_FALSE(noting.fused.empty());
+    EXPECT_EQ(noting.fused.front(), "blk.0.attn_q.weight|blk.0.attn_k.weight");
+    for (const std::string& f : noting.fused) EXPECT_EQ(f.find("attn_v"), std::string::npos) << f;
+    Apart apart(p->quantizer());
+    Model separate(GgufFile::open(test::kStoriesF32), p->backend(), apart);
+    EXPECT_EQ(separate.linear_names(), joined.linear_names());
+    EXPECT_EQ(separate.linear_formats(), joined.linear_formats());
+    const auto joined_logits = run(joined, *p, prompt, 3);
+    const auto separate_logits = run(separate, *p, prompt, 3);
+    ASSERT_EQ(joined_logits.size(), separate_logits.size());
+    for (size_t i = 0; i < joined_logits.size(); ++i) {
+      ASSERT_FALSE(joined_logits[i].empty());
+      EXPECT_EQ(joined_logits[i], separate_logits[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
+    }
+  }
+}
+
 TEST(ModelFused, FloatWeightsGiveTheSeparateLogitsToFloatRounding) {
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 313};
   for (const std::string dtype : {"f32", "f16"}) {
