@@ -1,11 +1,13 @@
 // Kernel microbenchmarks (Google Benchmark): GEMV (decode, m = 1) and GEMM (prefill, m = 128) for
 // every weight scheme, made through the real quantizer plugins on the CPU backend, reported as
-// weight GB/s and GFLOP/s; GEMVs streaming from memory (BM_GemvStream) and a 110m decode step's
-// GEMVs separate and fused (BM_GemvLayers); plus this machine's limits — read bandwidth and FMA
-// peak — so that every figure can be read as a share of what the hardware allows.
+// weight GB/s and GFLOP/s; GEMVs streaming from memory (BM_GemvStream; two schemes called in turn,
+// BM_GemvStreamVs) and a 110m decode step's GEMVs separate and fused (BM_GemvLayers); plus this
+// machine's limits — read bandwidth and FMA peak — so that every figure can be read as a share of
+// what the hardware allows.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -47,6 +49,8 @@ const std::vector<Scheme>& schemes() {
       // CPU has it): the same weights and results, so the ratio is the instruction set's.
       {"int8-avx2", "int8", {{"kernel", "avx2"}}, DType::F32},
       {"int4-g32-avx2", "int4", {{"group_size", 32}, {"kernel", "avx2"}}, DType::F32},
+      // pipelines/int4.yaml's scheme.
+      {"int4-g32-asym", "int4", {{"group_size", 32}, {"scheme", "asymmetric"}}, DType::F32},
   };
   return s;
 }
@@ -126,33 +130,53 @@ BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime
 // 16384x2048 so large that per-call costs (fork, join, stream start) vanish; m = 4 and 16 as a
 // batched decode step's. weight_GB/s over BM_MemoryReadBandwidth is the kernel's share of the
 // decode roofline (the fastest of its patterns).
+// n x k matrices of one scheme filling `bytes`, and an m-row x for them.
+struct StreamSet {
+  std::vector<std::unique_ptr<Linear>> linears;
+  size_t bytes = 0;
+  DeviceBuffer x, y;
+
+  StreamSet(const Scheme& scheme, int64_t n, int64_t k, int64_t m, size_t fill) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 0.05f);
+    const std::vector<uint8_t> stored = stored_weight(scheme, n, k, rng);
+    auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
+    while (bytes < fill) {
+      linears.push_back(quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k}));
+      bytes += linears.back()->resident_bytes();
+    }
+    x = DeviceBuffer(cpu(), size_t(m * k) * 4);
+    y = DeviceBuffer(cpu(), size_t(m * n) * 4);
+    std::vector<float> xs(static_cast<size_t>(m * k));
+    for (auto& v : xs) v = dist(rng) * 20;
+    x.upload(xs.data(), xs.size() * 4);
+  }
+  void pass(int64_t m) {
+    for (auto& linear : linears) linear->forward(x.as<float>(), m, y.as<float>());
+    benchmark::ClobberMemory();
+  }
+  // The GEMM through matrix i (wrapping around); returns the seconds it took.
+  double timed(size_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    linears[i % linears.size()]->forward(x.as<float>(), 1, y.as<float>());
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::string describe(const Scheme& scheme) const {
+    return std::string(scheme.label) + " (" + linears.front()->format() + ")";
+  }
+};
+
 void BM_GemvStream(benchmark::State& state) {
   const Scheme& scheme = schemes()[size_t(state.range(0))];
   const int64_t n = state.range(1), k = state.range(2), m = state.range(3);
   if (!scheme_built(state, scheme)) return;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist(0.0f, 0.05f);
-  const std::vector<uint8_t> stored = stored_weight(scheme, n, k, rng);
-  auto quantizer = registry().create<Quantizer>(scheme.quantizer, scheme.params, "benchmark");
-  std::vector<std::unique_ptr<Linear>> linears;
-  size_t total = 0;
-  while (total < (size_t(160) << 20)) {
-    linears.push_back(quantizer->make_linear(cpu(), WeightSource{"blk.0.ffn_up.weight", scheme.source, stored.data(), n, k}));
-    total += linears.back()->resident_bytes();
-  }
-  DeviceBuffer x(cpu(), size_t(m * k) * 4), y(cpu(), size_t(m * n) * 4);
-  std::vector<float> xs(static_cast<size_t>(m * k));
-  for (auto& v : xs) v = dist(rng) * 20;
-  x.upload(xs.data(), xs.size() * 4);
-  for (auto _ : state) {
-    for (auto& linear : linears) linear->forward(x.as<float>(), m, y.as<float>());
-    benchmark::ClobberMemory();
-  }
+  StreamSet set(scheme, n, k, m, size_t(160) << 20);
+  for (auto _ : state) set.pass(m);
   const double iters = double(state.iterations());
-  state.counters["weight_GB"] = benchmark::Counter(double(total) * iters / 1e9, benchmark::Counter::kIsRate);
-  state.counters["matrices"] = double(linears.size());
-  state.SetLabel(std::string(scheme.label) + " (" + linears.front()->format() + ", " +
-                 std::to_string(omp_get_max_threads()) + " threads)");
+  state.counters["weight_GB"] = benchmark::Counter(double(set.bytes) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["matrices"] = double(set.linears.size());
+  state.SetLabel(set.describe(scheme) + ", " + std::to_string(omp_get_max_threads()) + " threads");
 }
 BENCHMARK(BM_GemvStream)
     ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}, {1}})
@@ -160,6 +184,47 @@ BENCHMARK(BM_GemvStream)
     ->ArgsProduct({{2, 3, 4}, {2048}, {768}, {4, 16}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// Two schemes' GEMVs streaming from memory (args: scheme a, scheme b, n, k; m = 1), ~100 MB of
+// each, called in turn (a's first matrix, b's first, a's second ...) and each call timed: both see
+// the same moments of a host whose read bandwidth drifts, so b_over_a compares two kernels or
+// layouts far more finely than two BM_GemvStream runs (whose probe figures differ from minute to
+// minute). Rates in weight GB/s; probe_GB the read bandwidth measured after them.
+void BM_GemvStreamVs(benchmark::State& state) {
+  const Scheme& a = schemes()[size_t(state.range(0))];
+  const Scheme& b = schemes()[size_t(state.range(1))];
+  const int64_t n = state.range(2), k = state.range(3);
+  if (!scheme_built(state, a) || !scheme_built(state, b)) return;
+  StreamSet sa(a, n, k, 1, size_t(100) << 20), sb(b, n, k, 1, size_t(100) << 20);
+  const size_t calls = std::max(sa.linears.size(), sb.linears.size());
+  double ta = 0, tb = 0;
+  for (auto _ : state) {
+    double da = 0, db = 0;
+    for (size_t i = 0; i < calls; ++i) {
+      da += sa.timed(i);
+      db += sb.timed(i);
+    }
+    ta += da;
+    tb += db;
+    state.SetIterationTime(da + db);
+  }
+  const double iters = double(state.iterations()) * double(calls);
+  const double a_bytes = double(sa.bytes) / double(sa.linears.size()), b_bytes = double(sb.bytes) / double(sb.linears.size());
+  state.counters["a_GB"] = a_bytes * iters / ta / 1e9;
+  state.counters["b_GB"] = b_bytes * iters / tb / 1e9;
+  state.counters["b_over_a"] = (b_bytes / tb) / (a_bytes / ta);
+  state.counters["probe_GB"] = measure_read_bandwidth(0.15).value;
+  state.SetLabel("a " + sa.describe(a) + ", b " + sb.describe(b) + ", " + std::to_string(omp_get_max_threads()) +
+                 " threads");
+}
+BENCHMARK(BM_GemvStreamVs)
+    ->Args({2, 8, 2048, 768})    // int8: VNNI against AVX2
+    ->Args({3, 9, 2048, 768})    // int4 sym: VNNI against AVX2
+    ->Args({3, 10, 2048, 768})   // int4: symmetric against asymmetric
+    ->Args({2, 10, 2048, 768})   // int8 against int4 asymmetric (pipelines/int8.yaml, int4.yaml)
+    ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // A 110m decode step's GEMVs, 12 layers of q, k, v, o (768x768), gate, up (2048x768) and down
 // (768x2048), against the same layers with q|k|v and gate|up concatenated (4 GEMVs a layer instead
