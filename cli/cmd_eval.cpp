@@ -104,12 +104,16 @@ void eval(const EvalArgs& args) {
         args.sensitivity_by == "kind"    ? SensitivityGroup::kind
         : args.sensitivity_by == "block" ? SensitivityGroup::block
                                          : SensitivityGroup::tensor,
-        [](const TensorSensitivity& t, size_t i, size_t n) {
-          std::cerr << "[" << i + 1 << "/" << n << "] " << t.tensor << " in float: perplexity " << t.perplexity << "\n";
+        baseline.get(), [](const TensorSensitivity& t, size_t i, size_t n) {
+          std::cerr << "[" << i + 1 << "/" << n << "] " << t.tensor << " in float: perplexity " << t.perplexity;
+          if (t.kl_mean >= 0) std::cerr << ", KL " << t.kl_mean;
+          std::cerr << "\n";
         });
-    // Most helpful first: the lowest perplexity with the weight in float.
-    std::stable_sort(sensitivity.begin(), sensitivity.end(),
-                     [](const TensorSensitivity& a, const TensorSensitivity& b) { return a.perplexity < b.perplexity; });
+    // Most helpful first: the lowest KL divergence from the baseline with the weight in float, else
+    // the lowest perplexity.
+    std::stable_sort(sensitivity.begin(), sensitivity.end(), [](const TensorSensitivity& a, const TensorSensitivity& b) {
+      return a.kl_mean >= 0 ? a.kl_mean < b.kl_mean : a.perplexity < b.perplexity;
+    });
   }
   // Against a baseline, both pipelines go through the text together (their logits side by side).
   std::optional<BaselineComparison> compared;
@@ -150,6 +154,7 @@ void eval(const EvalArgs& args) {
                       {"perplexity", t.perplexity},
                       {"perplexity_change_percent", 100.0 * (t.perplexity - r.perplexity) / r.perplexity},
                       {"extra_weight_bytes", t.extra_weight_bytes}});
+      if (t.kl_mean >= 0) list.back()["kl_mean"] = t.kl_mean;
     }
     j["keep_float_sensitivity"] = list;
   }
@@ -171,13 +176,19 @@ void eval(const EvalArgs& args) {
               << j["greedy_prefix_per_prompt"].dump() << " of " << args.greedy_tokens << ")\n";
   }
   if (args.sensitivity) {
-    std::cout << "keep_float sensitivity: the perplexity with one more weight kept in float (most helpful first)\n";
+    std::cout << "keep_float sensitivity: the perplexity" << (baseline ? " and KL divergence from the baseline" : "")
+              << " with one more weight kept in float (most helpful first)\n";
     if (sensitivity.empty()) std::cout << "  (the quantizer quantized no weight)\n";
     for (const TensorSensitivity& t : sensitivity) {
       char line[256];
-      std::snprintf(line, sizeof line, "  %-28s %-16s x%-3lld %10.4f %+8.2f%% %+12lld bytes\n", t.tensor.c_str(),
-                    t.format.c_str(), static_cast<long long>(t.weights), t.perplexity,
-                    100.0 * (t.perplexity - r.perplexity) / r.perplexity, static_cast<long long>(t.extra_weight_bytes));
+      std::snprintf(line, sizeof line, "  %-28s %-16s x%-3lld %10.4f %+8.2f%%", t.tensor.c_str(), t.format.c_str(),
+                    static_cast<long long>(t.weights), t.perplexity, 100.0 * (t.perplexity - r.perplexity) / r.perplexity);
+      std::cout << line;
+      if (t.kl_mean >= 0) {
+        std::snprintf(line, sizeof line, "  KL %.5f (%+.1f%%)", t.kl_mean, 100.0 * (t.kl_mean - compared->kl.mean) / compared->kl.mean);
+        std::cout << line;
+      }
+      std::snprintf(line, sizeof line, " %+12lld bytes\n", static_cast<long long>(t.extra_weight_bytes));
       std::cout << line;
     }
   }

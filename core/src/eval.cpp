@@ -218,7 +218,7 @@ std::string sensitivity_pattern(const std::string& name, SensitivityGroup group)
 
 std::vector<TensorSensitivity> keep_float_sensitivity(
     const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
-    std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group,
+    std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group, Pipeline* baseline,
     const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor) {
   const auto quantizer = spec.components.find(ComponentKind::quantizer);
   const std::string plugin =
@@ -254,7 +254,13 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
     q.params["keep_float"] = kept;
     q.params["keep_float"].push_back(t.tensor);
     auto pipeline = Pipeline::build(one, registry, options);
-    t.perplexity = perplexity(*pipeline, tokens, ctx).perplexity;
+    if (baseline != nullptr) {
+      const BaselineComparison compared = compare_with_baseline(*pipeline, *baseline, tokens, ctx);
+      t.perplexity = compared.pipeline.perplexity;
+      t.kl_mean = compared.kl.mean;
+    } else {
+      t.perplexity = perplexity(*pipeline, tokens, ctx).perplexity;
+    }
     t.extra_weight_bytes = int64_t(pipeline->model().weight_bytes()) - int64_t(built.weight_bytes());
     if (on_tensor) on_tensor(t, i, quantized.size());
   }

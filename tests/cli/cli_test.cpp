@@ -350,6 +350,7 @@ TEST(Cli, EvalSensitivityRanksTheQuantizedWeightsKeptInFloat) {
     EXPECT_GT(list[i]["extra_weight_bytes"].get<int64_t>(), 0);
     const double p = list[i]["perplexity"].get<double>();
     EXPECT_NEAR(list[i]["perplexity_change_percent"].get<double>(), 100.0 * (p - ppl) / ppl, 1e-9);
+    EXPECT_FALSE(list[i].contains("kl_mean")) << "no baseline";
     if (i > 0) EXPECT_LE(list[i - 1]["perplexity"].get<double>(), p) << "most helpful first";
   }
   o = tessera_cmd("eval -p pipelines/int8.yaml --sensitivity " + text);
@@ -366,6 +367,16 @@ TEST(Cli, EvalSensitivityRanksTheQuantizedWeightsKeptInFloat) {
     const bool head = b["tensor"] == "output.weight";
     EXPECT_TRUE(head || b["tensor"].get<std::string>().starts_with("blk.")) << b;
     EXPECT_EQ(b["weights"], head ? 1 : 7) << b;
+  }
+  // Against a baseline each entry has its KL divergence from it, the lowest first.
+  o = tessera_cmd("eval --format json -p pipelines/int8.yaml --sensitivity --sensitivity-by kind --baseline "
+                  "pipelines/default.yaml --greedy-tokens 8 " + text);
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto kinds = nlohmann::json::parse(o.text.substr(o.text.find('{')))["keep_float_sensitivity"];
+  ASSERT_EQ(kinds.size(), 8u);  // q, k, v, o, gate, up, down, the head
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    ASSERT_TRUE(kinds[i].contains("kl_mean")) << kinds[i];
+    if (i > 0) EXPECT_LE(kinds[i - 1]["kl_mean"].get<double>(), kinds[i]["kl_mean"].get<double>());
   }
   // Without a quantizer that quantizes there is nothing to scan: refused before any scoring.
   o = tessera_cmd("eval --sensitivity " + text);

@@ -93,7 +93,8 @@ TEST(Perplexity, AndGreedyAgreementRespectACachesSequenceBound) {
 // Leave-one-out keep_float on stories260K in int4 (g32, asymmetric, the head kept in float): one
 // entry per weight the quantizer quantized — q, k, v, o, gate and up of 5 blocks; ffn_down's rows
 // of 172 fall back to float — each costing its float bytes less its int4 bytes, and keeping some
-// weight in float lowers the perplexity; then the same by kind and by block.
+// weight in float lowers the perplexity; then the same by kind (against the f32 baseline: the KL
+// divergence too) and by block.
 TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   const PipelineSpec spec = test::cpu_spec(
       test::kStoriesF32,
@@ -103,7 +104,7 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   const double reference = perplexity(*built, tokens, 128).perplexity;
   size_t heard = 0;
   const auto scan = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128,
-                                           SensitivityGroup::tensor,
+                                           SensitivityGroup::tensor, nullptr,
                                            [&](const TensorSensitivity& t, size_t i, size_t n) {
                                              EXPECT_EQ(i, heard++) << t.tensor;
                                              EXPECT_EQ(n, 30u);
@@ -118,6 +119,7 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
     SCOPED_TRACE(t.tensor);
     EXPECT_EQ(t.format, "int4/g32/asym");
     EXPECT_EQ(t.weights, 1);
+    EXPECT_EQ(t.kl_mean, -1.0) << "no baseline, no KL";
     kind_bytes["*" + t.tensor.substr(t.tensor.find('.', 4))] += t.extra_weight_bytes;
     block_bytes[t.tensor.substr(0, t.tensor.find('.', 4)) + ".*"] += t.extra_weight_bytes;
     const bool kv = t.tensor.find("attn_k") != std::string::npos || t.tensor.find("attn_v") != std::string::npos;
@@ -134,9 +136,12 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   // Grouped: the same weight of every block (6 kinds of 5), every weight of a block (5 blocks of 6),
   // each group costing its members' bytes; a group's perplexity is the pipeline's with its pattern
   // in keep_float.
+  // By kind against the f32 baseline, with the KL divergence from it.
+  auto f32 = test::cpu_pipeline(test::kStoriesF32);
   std::vector<TensorSensitivity> kinds;
   for (const auto& [group, bytes] : {std::pair{SensitivityGroup::kind, kind_bytes}, {SensitivityGroup::block, block_bytes}}) {
-    const auto groups = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128, group);
+    const auto groups = keep_float_sensitivity(spec, test::plugins(), {}, built->model(), tokens, 128, group,
+                                               group == SensitivityGroup::kind ? f32.get() : nullptr);
     if (group == SensitivityGroup::kind) kinds = groups;
     ASSERT_EQ(groups.size(), bytes.size());
     for (const TensorSensitivity& g : groups) {
@@ -151,10 +156,12 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
                            {{"plugin", "int4"}, {"scheme", "asymmetric"}, {"keep_float", {"output", "*.attn_v.weight"}}}}});
   const auto v = std::find_if(kinds.begin(), kinds.end(), [](const TensorSensitivity& t) { return t.tensor == "*.attn_v.weight"; });
   ASSERT_NE(v, kinds.end());
-  EXPECT_EQ(v->perplexity, perplexity(*v_kept, tokens, 128).perplexity);
+  const BaselineComparison v_compared = compare_with_baseline(*v_kept, *f32, tokens, 128);
+  EXPECT_EQ(v->perplexity, v_compared.pipeline.perplexity);
+  EXPECT_EQ(v->kl_mean, v_compared.kl.mean);
+  for (const TensorSensitivity& k : kinds) EXPECT_GT(k.kl_mean, 0.0) << k.tensor;
   // Nothing to keep in float without a quantizer that quantizes.
   const PipelineSpec plain = test::cpu_spec(test::kStoriesF32);
-  auto f32 = Pipeline::build(plain, test::plugins());
   try {
     keep_float_sensitivity(plain, test::plugins(), {}, f32->model(), tokens, 128);
     FAIL() << "expected an error";

@@ -75,17 +75,21 @@ struct TensorSensitivity {
   std::string format;              // the format of its (first) weight in the pipeline, e.g. "int4/g32/asym"
   int64_t weights = 0;             // how many quantized weights the pattern keeps in float
   double perplexity = 0;           // the pipeline's with this weight kept in float
+  double kl_mean = -1;             // its mean KL divergence from the baseline, with one (else -1)
   int64_t extra_weight_bytes = 0;  // what keeping it in float adds to the resident weights
 };
 
 // `built` is the model of the pipeline built from spec and options (which weights it quantized, its
 // resident bytes). Builds the pipeline again once per quantized weight or group (each build loads and
-// quantizes the model) and scores it on `tokens` as perplexity() does; `on_tensor` (optional) hears
-// each result as it comes, with its index and the count. Throws Error when the quantizer has no
-// keep_float parameter.
+// quantizes the model) and scores it on `tokens` as perplexity() does — with a baseline, as
+// compare_with_baseline() does, which adds the KL divergence (steadier than perplexity on a short
+// text) at the cost of the baseline's forward passes; `on_tensor` (optional) hears each result as
+// it comes, with its index and the count. Throws Error when the quantizer has no keep_float
+// parameter.
 std::vector<TensorSensitivity> keep_float_sensitivity(
     const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
     std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group = SensitivityGroup::tensor,
+    Pipeline* baseline = nullptr,
     const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor = {});
 
 }  // namespace tessera
