@@ -214,8 +214,8 @@ void add_eval_command(CLI::App& app) {
       ->needs(baseline);
   CLI::Option* sensitivity =
       cmd->add_flag("--sensitivity", args->sensitivity,
-                    "rank the quantized weights by the perplexity with each one kept in float (keep_float), and the "
-                    "bytes that costs: one model load and perplexity run per weight");
+                    "rank the quantized weights by the perplexity (with --baseline: the KL divergence) with each one "
+                    "kept in float (keep_float), and the bytes that costs: one model load and scoring per weight");
   cmd->add_option("--sensitivity-by", args->sensitivity_by,
                   "tensor (each weight), kind (*.attn_v.weight: that weight of every block) or block (blk.0.*)")
       ->check(CLI::IsMember({"tensor", "kind", "block"}))
