@@ -130,7 +130,7 @@ BENCHMARK(BM_Gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime
 // 16384x2048 so large that per-call costs (fork, join, stream start) vanish; m = 4 and 16 as a
 // batched decode step's. weight_GB/s over BM_MemoryReadBandwidth is the kernel's share of the
 // decode roofline (the fastest of its patterns).
-// n x k matrices of one scheme filling `bytes`, and an m-row x for them.
+// n x k matrices of one scheme, at least `fill` bytes of them, and an m-row x for them.
 struct StreamSet {
   std::vector<std::unique_ptr<Linear>> linears;
   size_t bytes = 0;
@@ -155,7 +155,7 @@ struct StreamSet {
     for (auto& linear : linears) linear->forward(x.as<float>(), m, y.as<float>());
     benchmark::ClobberMemory();
   }
-  // The GEMM through matrix i (wrapping around); returns the seconds it took.
+  // The GEMV (m = 1) through matrix i (wrapping around); returns the seconds it took.
   double timed(size_t i) {
     const auto t0 = std::chrono::steady_clock::now();
     linears[i % linears.size()]->forward(x.as<float>(), 1, y.as<float>());
