@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "tessera/bench/http_runner.h"
@@ -88,8 +89,8 @@ std::string unique_name(const std::string& file, const std::vector<PipelineRun>&
 
 std::string read_text(const std::string& path) { return read_file(path, "accuracy text"); }
 
-// Perplexity, teacher-forced and greedy agreement of every pipeline against the reference, through
-// the eval path. Each pipeline is rebuilt here, after the timed runs, so that timings and peak
+// Perplexity, KL divergence, teacher-forced and greedy agreement of every pipeline against the
+// reference, through the eval path (compare_with_baseline: both pipelines chunk by chunk). Each pipeline is rebuilt here, after the timed runs, so that timings and peak
 // memory were taken with one pipeline alive at a time.
 void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const Trace& trace, const Workload& w,
                    const BenchOptions& o, const Registry& registry, std::ostream& log) {
@@ -119,12 +120,13 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
     p.resize(std::min<size_t>(p.size(), size_t(std::min<int64_t>(64, context - tokens - 1))));
     prompts.push_back(std::move(p));
   }
-  PerplexityResult base_ppl;
+  // The reference's perplexity comes with the first comparison (else on its own, after the loop).
+  std::optional<PerplexityResult> base_ppl;
   const bool have_text = int64_t(text.size()) >= o.accuracy_ctx;
   std::string text_note = text_path.empty() ? "n/a: no text (give --accuracy-text or a workload prompt file)"
                                             : "n/a: " + text_path + " is shorter than one chunk of " +
                                                   std::to_string(o.accuracy_ctx) + " tokens";
-  if (have_text) base_ppl = perplexity(*base, text, o.accuracy_ctx);
+  json* ref_accuracy = nullptr;
   for (auto& r : runs) {
     if (!r.ok()) continue;
     json& a = r.accuracy;
@@ -134,16 +136,12 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
     }
     a["text"] = text_path.empty() ? json(nullptr) : json(text_path);
     a["ctx"] = o.accuracy_ctx;
-    a["scored_tokens"] = have_text ? json(base_ppl.scored_tokens) : json(nullptr);
+    a["scored_tokens"] = nullptr;
     a["greedy_prompts"] = prompts.size();
     a["greedy_tokens_per_prompt"] = tokens;
     if (!have_text) a["perplexity_note"] = text_note;
     if (&r == &ref) {
-      a["perplexity"] = have_text ? json(base_ppl.perplexity) : json(nullptr);
-      a["perplexity_delta"] = have_text ? json(0.0) : json(nullptr);
-      a["perplexity_delta_percent"] = have_text ? json(0.0) : json(nullptr);
-      a["teacher_forced_agreement"] = have_text ? json(1.0) : json(nullptr);
-      a["greedy_agreement"] = 1.0;
+      ref_accuracy = &a;
       continue;
     }
     try {
@@ -153,19 +151,44 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
                     "'s (" + std::to_string(tok.vocab_size()) + "): not comparable");
       }
       if (have_text) {
-        const PerplexityResult pr = perplexity(*p, text, o.accuracy_ctx);
+        const BaselineComparison c = compare_with_baseline(*p, *base, text, o.accuracy_ctx);
+        if (!base_ppl) base_ppl = c.baseline;
+        const PerplexityResult& pr = c.pipeline;
+        a["scored_tokens"] = pr.scored_tokens;
         a["perplexity"] = pr.perplexity;
-        a["perplexity_delta"] = pr.perplexity - base_ppl.perplexity;
-        a["perplexity_delta_percent"] = 100.0 * (pr.perplexity - base_ppl.perplexity) / base_ppl.perplexity;
-        a["teacher_forced_agreement"] = teacher_forced_agreement(pr, base_ppl);
+        a["perplexity_delta"] = pr.perplexity - c.baseline.perplexity;
+        a["perplexity_delta_percent"] = 100.0 * (pr.perplexity - c.baseline.perplexity) / c.baseline.perplexity;
+        a["teacher_forced_agreement"] = teacher_forced_agreement(pr, c.baseline);
+        a["kl_divergence"] = {{"mean", c.kl.mean}, {"p99", c.kl.p99}, {"max", c.kl.max}};
       } else {
-        a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] = nullptr;
+        a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] =
+            a["kl_divergence"] = nullptr;
       }
       a["greedy_agreement"] = greedy_agreement(*p, *base, prompts, tokens).share;
     } catch (const std::exception& e) {
       a["error"] = e.what();
       log << "warning: accuracy of " << r.name << ": " << e.what() << "\n";
     }
+  }
+  if (ref_accuracy == nullptr) return;
+  json& a = *ref_accuracy;
+  a["greedy_agreement"] = 1.0;
+  if (!have_text) {
+    a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] =
+        a["kl_divergence"] = nullptr;
+    return;
+  }
+  try {
+    if (!base_ppl) base_ppl = perplexity(*base, text, o.accuracy_ctx);
+    a["scored_tokens"] = base_ppl->scored_tokens;
+    a["perplexity"] = base_ppl->perplexity;
+    a["perplexity_delta"] = 0.0;
+    a["perplexity_delta_percent"] = 0.0;
+    a["teacher_forced_agreement"] = 1.0;
+    a["kl_divergence"] = {{"mean", 0.0}, {"p99", 0.0}, {"max", 0.0}};
+  } catch (const std::exception& e) {
+    a["error"] = e.what();
+    log << "warning: accuracy of " << ref.name << ": " << e.what() << "\n";
   }
 }
 

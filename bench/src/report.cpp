@@ -113,6 +113,9 @@ json at_what_cost(const json& pipelines, const std::string& ref) {
               (a["perplexity_delta_percent"].get<double>() >= 0 ? "+" : "") +
               fmt(a["perplexity_delta_percent"].get<double>()) + "%)";
     }
+    if (a.contains("kl_divergence") && a["kl_divergence"].is_object()) {
+      line += ", KL divergence " + fmt(a["kl_divergence"]["mean"].get<double>(), 4) + " nats a token";
+    }
     if (a.contains("greedy_agreement") && a["greedy_agreement"].is_number()) {
       line += ", greedy agreement " + fmt(a["greedy_agreement"].get<double>(), 3);
     }

@@ -145,8 +145,8 @@ std::string render_markdown(const json& r) {
   }
 
   out << "\n## Accuracy against " << (ref.empty() ? "the reference" : ref) << "\n\n";
-  header(out, {"pipeline", "perplexity", "delta", "teacher-forced agreement", "greedy agreement", "trace agreement",
-               "identical trace outputs", "note"});
+  header(out, {"pipeline", "perplexity", "delta", "KL divergence", "teacher-forced agreement", "greedy agreement",
+               "trace agreement", "identical trace outputs", "note"});
   for (const auto& p : r["pipelines"]) {
     if (p["status"] != "ok") continue;
     const json& a = p["accuracy"];
@@ -154,7 +154,7 @@ std::string render_markdown(const json& r) {
                        : a.contains("perplexity_note") ? str(a["perplexity_note"])
                                                        : "";
     row(out, {str(p["name"]), num(at(a, {"perplexity"}), 4), num(at(a, {"perplexity_delta_percent"}), 2) + "%",
-              num(at(a, {"teacher_forced_agreement"}), 3), num(at(a, {"greedy_agreement"}), 3),
+              num(at(a, {"kl_divergence", "mean"}), 4), num(at(a, {"teacher_forced_agreement"}), 3), num(at(a, {"greedy_agreement"}), 3),
               num(at(a, {"trace_agreement"}), 3),
               a.contains("trace_identical_requests")
                   ? std::to_string(a["trace_identical_requests"].get<int64_t>()) + "/" +

@@ -473,6 +473,7 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
          {"throughput.output_tokens_per_s", "throughput.requests_per_s", "memory.peak_rss_bytes",
           "memory.kv_bytes_total", "memory.kv_bytes_peak", "accuracy.perplexity", "accuracy.perplexity_delta",
           "accuracy.greedy_agreement", "accuracy.teacher_forced_agreement", "accuracy.trace_agreement",
+          "accuracy.kl_divergence.mean", "accuracy.kl_divergence.p99", "accuracy.scored_tokens",
           "ratios.output_tokens_per_s", "ratios.peak_rss_bytes", "ratios.kv_bytes_total"}) {
       EXPECT_TRUE(at_path(*p, path).is_number()) << path << " in " << (*p)["name"];
     }
@@ -493,6 +494,8 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
               1e-9);
   // paged + continuous is exact: same perplexity and the same greedy tokens as the baseline.
   EXPECT_NEAR(paged["accuracy"]["perplexity_delta"].get<double>(), 0.0, 1e-9);
+  EXPECT_NEAR(paged["accuracy"]["kl_divergence"]["max"].get<double>(), 0.0, 1e-9);
+  EXPECT_EQ(paged["accuracy"]["scored_tokens"], base["accuracy"]["scored_tokens"]);
   EXPECT_EQ(paged["accuracy"]["greedy_agreement"], 1.0);
   EXPECT_EQ(paged["accuracy"]["trace_agreement"], 1.0);
   // The missing pipeline is listed with why.
