@@ -90,8 +90,9 @@ std::string unique_name(const std::string& file, const std::vector<PipelineRun>&
 std::string read_text(const std::string& path) { return read_file(path, "accuracy text"); }
 
 // Perplexity, KL divergence, teacher-forced and greedy agreement of every pipeline against the
-// reference, through the eval path (compare_with_baseline: both pipelines chunk by chunk). Each pipeline is rebuilt here, after the timed runs, so that timings and peak
-// memory were taken with one pipeline alive at a time.
+// reference, through the eval path (compare_with_baseline: both pipelines chunk by chunk). Each
+// pipeline is rebuilt here, after the timed runs, so that timings and peak memory were taken with
+// one pipeline alive at a time.
 void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const Trace& trace, const Workload& w,
                    const BenchOptions& o, const Registry& registry, std::ostream& log) {
   std::string text_path = o.accuracy_text;
