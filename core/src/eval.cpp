@@ -220,9 +220,8 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
     const PipelineSpec& spec, const Registry& registry, const PipelineOptions& options, const Model& built,
     std::span<const int32_t> tokens, int64_t ctx, SensitivityGroup group, Pipeline* baseline,
     const std::function<void(const TensorSensitivity&, size_t index, size_t count)>& on_tensor) {
-  const auto quantizer = spec.components.find(ComponentKind::quantizer);
-  const std::string plugin =
-      quantizer != spec.components.end() ? quantizer->second.plugin : default_plugin(ComponentKind::quantizer);
+  const ComponentSpec& quantizer = spec.components.at(ComponentKind::quantizer);  // every kind is present
+  const std::string& plugin = quantizer.plugin;
   const PluginEntry* entry = registry.find(ComponentKind::quantizer, plugin);
   const auto keep_float = [](const ParamSpec& p) { return p.name == "keep_float"; };
   if (entry == nullptr || std::none_of(entry->params.begin(), entry->params.end(), keep_float)) {
@@ -242,17 +241,13 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
       quantized.push_back({pattern, format, 1});
     }
   }
-  nlohmann::json kept = nlohmann::json::array();
-  if (quantizer != spec.components.end() && quantizer->second.params.contains("keep_float")) {
-    kept = quantizer->second.params["keep_float"];
-  }
+  const nlohmann::json kept = quantizer.params.value("keep_float", nlohmann::json::array());
   for (size_t i = 0; i < quantized.size(); ++i) {
     TensorSensitivity& t = quantized[i];
     PipelineSpec one = spec;
-    ComponentSpec& q = one.components[ComponentKind::quantizer];
-    q.plugin = plugin;
-    q.params["keep_float"] = kept;
-    q.params["keep_float"].push_back(t.tensor);
+    nlohmann::json& keep = one.components.at(ComponentKind::quantizer).params["keep_float"];
+    keep = kept;
+    keep.push_back(t.tensor);
     auto pipeline = Pipeline::build(one, registry, options);
     if (baseline != nullptr) {
       const BaselineComparison compared = compare_with_baseline(*pipeline, *baseline, tokens, ctx);
