@@ -149,30 +149,32 @@ void quantize_x(const float* x, int64_t m, int64_t k, int64_t g, QuantizedX& out
 
 // A band of 8 rows as prepare_weight_i4 packs it: per block of 32 columns, four 32-byte chunks;
 // chunk c holds, for row r at bytes 4r..4r+3, columns 8c..8c+3 in the low nibbles and 8c+4..8c+7
-// in the high ones. Scales (zeros) per group, the band's 8 side by side.
+// in the high ones. Scales per group, the band's 8 side by side, as are the zero points' terms:
+// s·z, the product rounded once at preparation (what the kernels computed per call before; the
+// same bits, a load and a multiply less a group).
 struct Band {
-  const uint8_t* w;  // group 0's blocks of nibbles, one after another
-  const float* s;    // group 0's 8 scales
-  const float* z;    // null: symmetric, zero point 8
+  const uint8_t* w;   // group 0's blocks of nibbles, one after another
+  const float* s;     // group 0's 8 scales
+  const float* sz;    // group 0's 8 s·z; null: symmetric, zero point 8
   int64_t w_group_bytes;   // from one group's nibbles to the next's
-  int64_t p_group_floats;  // from one group's scales (zeros) to the next's
+  int64_t p_group_floats;  // from one group's scales (s·z) to the next's
 
   const uint8_t* block(int64_t b, int64_t blocks_per_group) const {
     return w + b / blocks_per_group * w_group_bytes + b % blocks_per_group * kBandBlockBytes;
   }
   const float* scales(int64_t gi) const { return s + gi * p_group_floats; }
-  const float* zeros(int64_t gi) const { return z + gi * p_group_floats; }
+  const float* zero_terms(int64_t gi) const { return sz + gi * p_group_floats; }
 };
 
-// A band whose groups' nibbles follow one another, as do their scales (zeros).
-Band separate_band(const uint8_t* w, const float* s, const float* z, int64_t blocks_per_group) {
-  return {w, s, z, blocks_per_group * kBandBlockBytes, kRowsPerBand};
+// A band whose groups' nibbles follow one another, as do their scales (s·z).
+Band separate_band(const uint8_t* w, const float* s, const float* sz, int64_t blocks_per_group) {
+  return {w, s, sz, blocks_per_group * kBandBlockBytes, kRowsPerBand};
 }
 
 // Where a view's bands and its other rows are (prepare_weight_i4). Unpacked: every row
 // row-major, scales and zeros [row][group]. Packed bands: rows [0, bands_end) in bands in place,
-// their scales (zeros) [band][group][row]; later rows as unpacked. Band stream: band after band,
-// group after group, each group's 8 scales, 8 zeros, then its blocks of nibbles; then the later
+// their scales (s·z) [band][group][row]; later rows as unpacked. Band stream: band after band,
+// group after group, each group's 8 scales, 8 s·z, then its blocks of nibbles; then the later
 // rows' scales, zeros and nibbles, the view's scales and zeros pointing at theirs.
 struct I4Layout {
   const WeightView& w;
@@ -231,27 +233,20 @@ void pack_band_row(const uint8_t* row, int64_t k, int64_t r, uint8_t* band) {
   }
 }
 
-// Σ over groups of s·z·Σx for the band's 8 rows (what the zero points add to x·q·s), side by side.
-// Each product is rounded, then added into one of four sums by group index mod 4 (four independent
-// chains: one chain of 24 dependent adds was a sixth of a decode's time), and the sums are added as
-// (0 + 1) + (2 + 3). Indexed by a constant, the sums stay in registers (indexed by gi & 3 they went
-// through the stack: the GEMV from cache ~6% slower).
-__attribute__((target("avx2,fma"))) inline __m256 zero_point_terms(const Band& band, const float* gs,
-                                                                   int64_t groups) {
-  __m256 sum[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t g0 = 0; g0 < groups; g0 += 4) {
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {  // j a constant: the sums stay in registers
-      const int64_t gi = g0 + j;
-      if (gi >= groups) break;
-      const __m256 s = _mm256_loadu_ps(band.scales(gi));
-      const __m256 z = band.z != nullptr ? _mm256_loadu_ps(band.zeros(gi)) : _mm256_set1_ps(8.0f);
-      __m256 p = _mm256_mul_ps(_mm256_mul_ps(s, z), _mm256_set1_ps(gs[gi]));
-      asm("" : "+x"(p));  // rounded, never fused into the add
-      sum[j] = _mm256_add_ps(sum[j], p);
-    }
-  }
-  return _mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3]));
+// What group gi's zero points add to x·q·s for the band's 8 rows, s·z·Σx, side by side. Every
+// kernel adds these up in group order, one sum a row beside its dot products' (so that decode,
+// prefill and both instruction sets give the same bits), and subtracts it at the end. Done in the
+// group loop as the band streams by, where its s·z was just read, rather than in a second pass
+// over the band's parameters that multiplied s by z (in four chains, one chain of 24 dependent
+// adds being slow there): a thread's asymmetric GEMV from L2 took ~2% less time (BM_Gemm/10/1, 5
+// alternating runs: 768x768 9.08-9.40 -> 8.89-9.17 us), the decode from memory the same.
+__attribute__((target("avx2,fma"))) inline __m256 add_zero_point_term(__m256 sum, const Band& band, int64_t gi,
+                                                                      float gs) {
+  const __m256 sz = band.sz != nullptr ? _mm256_loadu_ps(band.zero_terms(gi))
+                                       : _mm256_mul_ps(_mm256_loadu_ps(band.scales(gi)), _mm256_set1_ps(8.0f));
+  __m256 p = _mm256_mul_ps(sz, _mm256_set1_ps(gs));
+  asm("" : "+x"(p));  // rounded, never fused into the add
+  return _mm256_add_ps(sum, p);
 }
 
 // A 32-byte chunk split into its low nibbles and its high ones.
@@ -281,8 +276,11 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
   const int64_t blocks = k / kBlock;
   const int64_t blocks_per_group = g / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps(), zero_terms = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    if (b % blocks_per_group == 0) {
+      zero_terms = add_zero_point_term(zero_terms, band, b / blocks_per_group, gsum[b / blocks_per_group]);
+    }
     const auto* xq = reinterpret_cast<const int32_t*>(xr + b * kBlock);
     const uint8_t* chunk = band.block(b, blocks_per_group);
     if constexpr (!kUnpacked) prefetch_block(chunk, ahead);
@@ -302,10 +300,9 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
     const __m256 sd = _mm256_mul_ps(_mm256_loadu_ps(band.scales(b / blocks_per_group)), _mm256_set1_ps(xd[b]));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, ones)), sd, acc);
   }
-  alignas(32) float out[kRowsPerBand], c[kRowsPerBand];
-  _mm256_store_ps(out, acc);
-  _mm256_store_ps(c, zero_point_terms(band, gsum, groups));
-  for (int64_t r = 0; r < rows; ++r) y[r] = out[r] - c[r];
+  alignas(32) float out[kRowsPerBand];
+  _mm256_store_ps(out, _mm256_sub_ps(acc, zero_terms));
+  std::copy_n(out, rows, y);
 }
 
 // band_row with AVX-512 VNNI: vpdpbusd multiplies the unsigned nibbles by the signed x bytes and
@@ -316,8 +313,7 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // vector (x's quads permuted to match once a block): in the fast minutes of a Zen 4 VM the int4
 // 110m decode's median share of the bandwidth probe 0.805 -> 0.818 (BM_DecodeRoofline/2, 10
 // alternating pairs, 9 higher). Groups, then their blocks: no division per block. Two accumulator
-// chains a half (four in all) were no faster; nor was zero_point_terms's work done in this loop as
-// each group's scales and zeros stream by (from L2, 768x768 and 768x2048, 3-8% slower). S bands
+// chains a half (four in all) were no faster. S bands
 // side by side, each its own stream: amd tuning one a thread with no software prefetch; intel
 // tuning four through the range's quarters, 8 KiB prefetched ahead over them (int4 110m decode
 // 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all faster; the prefetch alone gave
@@ -336,9 +332,11 @@ __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const
   const __m512i pick_hi01 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m512i pick_lo23 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
   const __m512i pick_hi23 = _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7);
-  __m256 acc[S];
-  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 acc[S], zero_terms[S];
+  for (int p = 0; p < S; ++p) acc[p] = zero_terms[p] = _mm256_setzero_ps();
   for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
+#pragma GCC unroll 4
+    for (int p = 0; p < S; ++p) zero_terms[p] = add_zero_point_term(zero_terms[p], bands[p], gi, gsum[gi]);
     for (int64_t gb = 0; gb < blocks_per_group; ++gb, ++b) {
       const __m512i xb = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * kBlock)));
       const __m512i x_lo01 = _mm512_permutexvar_epi32(pick_lo01, xb), x_hi01 = _mm512_permutexvar_epi32(pick_hi01, xb);
@@ -361,15 +359,14 @@ __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const
     }
   }
   for (int p = 0; p < S; ++p) {
-    alignas(32) float out[kRowsPerBand], c[kRowsPerBand];
-    _mm256_store_ps(out, acc[p]);
-    _mm256_store_ps(c, zero_point_terms(bands[p], gsum, groups));
-    for (int64_t r = 0; r < rows; ++r) y[p][r] = out[r] - c[r];
+    alignas(32) float out[kRowsPerBand];
+    _mm256_store_ps(out, _mm256_sub_ps(acc[p], zero_terms[p]));
+    std::copy_n(out, rows, y[p]);
   }
 }
 
 // Prefill with VNNI on two neighbouring bands at once, their chunks interleaved into `nib`
-// (run_band_pair) and their scales into `s16` ([group][16]): a 64-byte line holds one x quad's
+// (run_band_pair) and their scales and s·z into `s16` ([group][16] each): a 64-byte line holds one x quad's
 // columns for all 16 rows, so each vpdpbusd takes the quad broadcast and its 16 lanes are 16 rows'
 // dots, with no permutes of x and no folding of halves, and a block's float work (combine, convert,
 // scale, FMA) serves 16 rows a vector where one band's served 8: the 128-row prefill from cache,
@@ -390,10 +387,18 @@ __attribute__((target(VNNI_TARGET))) void band_pair_rows_vnni(const int8_t* xr, 
   const int64_t groups = k / g;
   const int64_t blocks = k / kBlock;
   const int64_t blocks_per_group = g / kBlock;
-  __m512 acc[kRows];
-  for (auto& a : acc) a = _mm512_setzero_ps();
+  const float* sz16 = s16 + groups * 2 * kRowsPerBand;
+  __m512 acc[kRows], zero_terms[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = zero_terms[r] = _mm512_setzero_ps();
   for (int64_t gi = 0, b = 0; gi < groups; ++gi) {
     const __m512 s = _mm512_loadu_ps(s16 + gi * 2 * kRowsPerBand);
+    const __m512 sz = _mm512_loadu_ps(sz16 + gi * 2 * kRowsPerBand);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {  // as add_zero_point_term, 16 rows a vector
+      __m512 p = _mm512_mul_ps(sz, _mm512_set1_ps(gsum[r * groups + gi]));
+      asm("" : "+v"(p));
+      zero_terms[r] = _mm512_add_ps(zero_terms[r], p);
+    }
     for (int64_t gb = 0; gb < blocks_per_group; ++gb, ++b) {
       __m512i lo[kRows], hi[kRows];
       for (int r = 0; r < kRows; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
@@ -416,24 +421,21 @@ __attribute__((target(VNNI_TARGET))) void band_pair_rows_vnni(const int8_t* xr, 
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    alignas(64) float c[2 * kRowsPerBand];
-    _mm256_store_ps(c, zero_point_terms(pair[0], gsum + r * groups, groups));
-    _mm256_store_ps(c + kRowsPerBand, zero_point_terms(pair[1], gsum + r * groups, groups));
-    _mm512_mask_storeu_ps(y + r * ldy, __mmask16((1u << rows) - 1), _mm512_sub_ps(acc[r], _mm512_load_ps(c)));
+    _mm512_mask_storeu_ps(y + r * ldy, __mmask16((1u << rows) - 1), _mm512_sub_ps(acc[r], zero_terms[r]));
   }
 }
 
 // Two neighbouring bands against m > 1 quantized rows of x, `rows` of their 16 rows stored (y at
 // the first band's first column; a band alone comes as a pair with itself, its rows stored): their
 // nibbles split and interleaved once into `scratch` (per block of 32 columns, four pairs of 64-byte
-// lines: both bands' chunk c, low nibbles, then high ones), then their scales.
+// lines: both bands' chunk c, low nibbles, then high ones), then their scales, then their s·z.
 __attribute__((target(VNNI_TARGET))) void run_band_pair(const QuantizedX& xq, int64_t m, const Band (&pair)[2],
                                                         int64_t rows, int64_t k, int64_t g, float* y, int64_t n,
                                                         std::vector<uint8_t>& scratch) {
   const int64_t blocks = k / kBlock;
   const int64_t groups = k / g;
   const int64_t nibble_bytes = blocks * 8 * int64_t(sizeof(__m512i));
-  scratch.resize(size_t(nibble_bytes + groups * 2 * kRowsPerBand * int64_t(sizeof(float))));
+  scratch.resize(size_t(nibble_bytes + 2 * groups * 2 * kRowsPerBand * int64_t(sizeof(float))));
   auto* v = reinterpret_cast<__m512i*>(scratch.data());
   const __m512i mask = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -448,9 +450,16 @@ __attribute__((target(VNNI_TARGET))) void run_band_pair(const QuantizedX& xq, in
     }
   }
   auto* s16 = reinterpret_cast<float*>(scratch.data() + nibble_bytes);
+  float* sz16 = s16 + groups * 2 * kRowsPerBand;
   for (int64_t gi = 0; gi < groups; ++gi) {
-    std::copy_n(pair[0].scales(gi), kRowsPerBand, s16 + gi * 2 * kRowsPerBand);
-    std::copy_n(pair[1].scales(gi), kRowsPerBand, s16 + gi * 2 * kRowsPerBand + kRowsPerBand);
+    for (int half = 0; half < 2; ++half) {
+      const Band& band = pair[half];
+      const int64_t at = gi * 2 * kRowsPerBand + half * kRowsPerBand;
+      std::copy_n(band.scales(gi), kRowsPerBand, s16 + at);
+      for (int64_t r = 0; r < kRowsPerBand; ++r) {
+        sz16[at + r] = band.sz != nullptr ? band.zero_terms(gi)[r] : band.scales(gi)[r] * 8.0f;
+      }
+    }
   }
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) {
@@ -508,7 +517,7 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
   const int64_t n = w.rows;
   const I4Layout at(w);
   thread_local std::vector<uint8_t> own_w;
-  thread_local std::vector<float> own_s, own_z;
+  thread_local std::vector<float> own_s, own_sz;
   int64_t j = j0;
   constexpr int S = kIntelI4DecodeStreams;
   if (const int64_t whole = (std::min(j1, at.bands_end) - j0) / kRowsPerBand;
@@ -540,16 +549,16 @@ void gemm_i4_avx2(const QuantizedX& xq, int64_t m, const WeightView& w, float* y
     }
     own_w.resize(size_t(kRowsPerBand * at.row_bytes));
     own_s.resize(size_t(kRowsPerBand * at.groups));
-    own_z.resize(w.zeros != nullptr ? own_s.size() : 0);
+    own_sz.resize(w.zeros != nullptr ? own_s.size() : 0);
     for (int64_t r = 0; r < kRowsPerBand; ++r) {
       const int64_t src = j + std::min(r, rows - 1);
       pack_band_row(at.nibbles(src), k, r, own_w.data());
       for (int64_t gi = 0; gi < at.groups; ++gi) {
         own_s[size_t(gi * kRowsPerBand + r)] = at.scale(src, gi);
-        if (w.zeros != nullptr) own_z[size_t(gi * kRowsPerBand + r)] = at.zero(src, gi);
+        if (w.zeros != nullptr) own_sz[size_t(gi * kRowsPerBand + r)] = at.scale(src, gi) * at.zero(src, gi);
       }
     }
-    const Band band = separate_band(own_w.data(), own_s.data(), w.zeros != nullptr ? own_z.data() : nullptr,
+    const Band band = separate_band(own_w.data(), own_s.data(), w.zeros != nullptr ? own_sz.data() : nullptr,
                                     w.group_size / kBlock);
     run_band(xq, m, band, rows, k, w.group_size, y + j, n, scratch, vnni);
   }
@@ -576,7 +585,7 @@ void for_row_ranges(int64_t m, const WeightView& w, F run) {
     const Band b = at.band(j);
     prefetch_lines(b.w, kStreamStartBytes);
     prefetch_lines(b.s, 64);
-    if (b.z != nullptr) prefetch_lines(b.z, 64);
+    if (b.sz != nullptr) prefetch_lines(b.sz, 64);
   };
   // Decode claims the thread's whole band at once (claim divisor 1): its stream runs from the band's
   // first line to its last in one pass, and the other thread steals from it only if it has not
@@ -600,7 +609,7 @@ bool avx2_applies(const WeightView& w) {
 void prepare_weight_i4(WeightView& w) {
   // Only the AVX2 and VNNI kernels read packed bands (the scalar code reads rows); a view
   // is packed once. Whole bands of 8 rows take the layout of Band (gemm_i4_avx2), and each group's
-  // 8 scales (zeros) side by side. Rows after the last whole band stay row-major. Where the view's
+  // 8 scales (s·z in place of the zeros) side by side. Rows after the last whole band stay row-major. Where the view's
   // scales, zeros and nibbles lie one after another in one buffer (as the int4 quantizer stores
   // them), the bands are then laid out as one stream (I4Layout): a decode thread reads one
   // sequential stream instead of three.
@@ -624,8 +633,13 @@ void prepare_weight_i4(WeightView& w) {
     uint8_t* band = data + j * row_bytes;
     std::copy(band, band + kRowsPerBand * row_bytes, rows.begin());
     for (int64_t r = 0; r < kRowsPerBand; ++r) pack_band_row(rows.data() + r * row_bytes, k, r, band);
-    transpose(const_cast<float*>(w.scales) + j * groups);
-    if (w.zeros != nullptr) transpose(const_cast<float*>(w.zeros) + j * groups);
+    auto* scales = const_cast<float*>(w.scales) + j * groups;
+    transpose(scales);
+    if (w.zeros != nullptr) {  // the kernels read s·z (Band)
+      auto* zeros = const_cast<float*>(w.zeros) + j * groups;
+      transpose(zeros);
+      for (int64_t i = 0; i < kRowsPerBand * groups; ++i) zeros[i] *= scales[i];
+    }
   }
   w.kernel_variant |= kPackedBands;
 
