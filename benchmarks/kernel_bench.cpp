@@ -1,7 +1,8 @@
 // Kernel microbenchmarks (Google Benchmark): GEMV (decode, m = 1) and GEMM (prefill, m = 128) for
 // every weight scheme, made through the real quantizer plugins on the CPU backend, reported as
 // weight GB/s and GFLOP/s; GEMVs streaming from memory (BM_GemvStream; two schemes called in turn,
-// BM_GemvStreamVs) and a 110m decode step's GEMVs separate and fused (BM_GemvLayers); plus this
+// BM_GemvStreamVs; small and large GEMVs of one scheme in turn, BM_GemvSizesVs) and a 110m decode
+// step's GEMVs separate and fused (BM_GemvLayers); plus this
 // machine's limits — read bandwidth and FMA peak — so that every figure can be read as a share of
 // what the hardware allows.
 #include <benchmark/benchmark.h>
@@ -223,6 +224,49 @@ BENCHMARK(BM_GemvStreamVs)
     ->Args({3, 10, 2048, 768})   // int4: symmetric against asymmetric
     ->Args({2, 10, 2048, 768})   // int8 against int4 asymmetric (pipelines/int8.yaml, int4.yaml)
     ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// One scheme's GEMVs of two shapes streaming from memory (args: scheme, n and k of a, n and k of
+// b; ~100 MB of each), a 110m layer's against one so large that per-call costs vanish, called in
+// turn by bytes (b's first matrix, then as many of a's as hold its bytes ...): b_over_a is what
+// the per-call costs (fork and join, quantizing x, each thread's stream starting cold, the threads
+// finishing apart) take from the small GEMVs, in the same moments of the host's bandwidth; a_us
+// the small GEMV's time.
+void BM_GemvSizesVs(benchmark::State& state) {
+  const Scheme& s = schemes()[size_t(state.range(0))];
+  if (!scheme_built(state, s)) return;
+  StreamSet sa(s, state.range(1), state.range(2), 1, size_t(100) << 20);
+  StreamSet sb(s, state.range(3), state.range(4), 1, size_t(100) << 20);
+  const size_t per_b = sa.linears.size() / sb.linears.size();
+  double ta = 0, tb = 0;
+  for (auto _ : state) {
+    double da = 0, db = 0;
+    for (size_t i = 0, ia = 0; i < sb.linears.size(); ++i) {
+      db += sb.timed(i);
+      for (size_t j = 0; j < per_b; ++j, ++ia) da += sa.timed(ia);
+    }
+    ta += da;
+    tb += db;
+    state.SetIterationTime(da + db);
+  }
+  const double na = double(state.iterations() * int64_t(per_b * sb.linears.size()));
+  const double nb = double(state.iterations() * int64_t(sb.linears.size()));
+  const double a_bytes = double(sa.bytes) / double(sa.linears.size()), b_bytes = double(sb.bytes) / double(sb.linears.size());
+  state.counters["a_GB"] = a_bytes * na / ta / 1e9;
+  state.counters["b_GB"] = b_bytes * nb / tb / 1e9;
+  state.counters["a_us"] = ta / na * 1e6;
+  state.counters["b_over_a"] = (b_bytes * nb / tb) / (a_bytes * na / ta);
+  state.counters["probe_GB"] = measure_read_bandwidth(0.15).value;
+  state.SetLabel("a " + std::to_string(state.range(1)) + "x" + std::to_string(state.range(2)) + ", b " +
+                 std::to_string(state.range(3)) + "x" + std::to_string(state.range(4)) + ", " + sa.describe(s) + ", " +
+                 std::to_string(omp_get_max_threads()) + " threads");
+}
+BENCHMARK(BM_GemvSizesVs)
+    ->Args({0, 2048, 768, 16384, 2048})   // f32
+    ->Args({2, 2048, 768, 16384, 2048})   // int8
+    ->Args({10, 2048, 768, 16384, 2048})  // int4 asymmetric (pipelines/int4.yaml)
+    ->Iterations(10)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
