@@ -150,8 +150,8 @@ void quantize_x(const float* x, int64_t m, int64_t k, int64_t g, QuantizedX& out
 // A band of 8 rows as prepare_weight_i4 packs it: per block of 32 columns, four 32-byte chunks;
 // chunk c holds, for row r at bytes 4r..4r+3, columns 8c..8c+3 in the low nibbles and 8c+4..8c+7
 // in the high ones. Scales per group, the band's 8 side by side, as are the zero points' terms:
-// s·z, the product rounded once at preparation (what the kernels computed per call before; the
-// same bits, a load and a multiply less a group).
+// s·z, rounded once at preparation (the kernels multiplied s by z on every call: the same
+// products, a load and a multiply less a group).
 struct Band {
   const uint8_t* w;   // group 0's blocks of nibbles, one after another
   const float* s;     // group 0's 8 scales
@@ -272,7 +272,6 @@ template <bool kUnpacked>
 __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float* xd, const float* gsum,
                                                   const Band& band, const uint8_t* nib, int64_t k, int64_t g,
                                                   int64_t rows, float* y, int64_t ahead = 0) {
-  const int64_t groups = k / g;
   const int64_t blocks = k / kBlock;
   const int64_t blocks_per_group = g / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -313,11 +312,10 @@ __attribute__((target("avx2,fma"))) void band_row(const int8_t* xr, const float*
 // vector (x's quads permuted to match once a block): in the fast minutes of a Zen 4 VM the int4
 // 110m decode's median share of the bandwidth probe 0.805 -> 0.818 (BM_DecodeRoofline/2, 10
 // alternating pairs, 9 higher). Groups, then their blocks: no division per block. Two accumulator
-// chains a half (four in all) were no faster. S bands
-// side by side, each its own stream: amd tuning one a thread with no software prefetch; intel
-// tuning four through the range's quarters, 8 KiB prefetched ahead over them (int4 110m decode
-// 180 -> 210 tok/s, 6 alternating `tessera run -n 256` pairs, all faster; the prefetch alone gave
-// +5%).
+// chains a half (four in all) were no faster. S bands side by side, each its own stream: amd
+// tuning one a thread with no software prefetch; intel tuning four through the range's quarters,
+// 8 KiB prefetched ahead over them (int4 110m decode 180 -> 210 tok/s, 6 alternating `tessera run
+// -n 256` pairs, all faster; the prefetch alone gave +5%).
 template <int S>
 __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const float* xd, const float* gsum,
                                                          const Band* bands, int64_t k, int64_t g, int64_t rows,
@@ -366,12 +364,13 @@ __attribute__((target(VNNI_TARGET))) void bands_row_vnni(const int8_t* xr, const
 }
 
 // Prefill with VNNI on two neighbouring bands at once, their chunks interleaved into `nib`
-// (run_band_pair) and their scales and s·z into `s16` ([group][16] each): a 64-byte line holds one x quad's
-// columns for all 16 rows, so each vpdpbusd takes the quad broadcast and its 16 lanes are 16 rows'
-// dots, with no permutes of x and no folding of halves, and a block's float work (combine, convert,
-// scale, FMA) serves 16 rows a vector where one band's served 8: the 128-row prefill from cache,
-// one thread, took ~30% less time than one band at a time (BM_Gemm/3/128/2048/768, 768/2048 and
-// 768/768, 3 alternating runs: 2430-2653 -> 1672-1722 us, 2562-2712 -> 1737-1784, 924-931 -> 639-651).
+// (run_band_pair) and their scales, then their s·z, into `s16` ([group][16] each): a 64-byte line
+// holds one x quad's columns for all 16 rows, so each vpdpbusd takes the quad broadcast and its 16
+// lanes are 16 rows' dots, with no permutes of x and no folding of halves, and a block's float
+// work (combine, convert, scale, FMA) serves 16 rows a vector where one band's served 8: the
+// 128-row prefill from cache, one thread, took ~30% less time than one band at a time
+// (BM_Gemm/3/128/2048/768, 768/2048 and 768/768, 3 alternating runs: 2430-2653 -> 1672-1722 us,
+// 2562-2712 -> 1737-1784, 924-931 -> 639-651).
 // Decode keeps 8-row bands: laid out in 16-row bands, its share of the bandwidth probe was lower
 // (int4 110m, BM_DecodeRoofline/2, ~0.81 vs ~0.845 median in the fast minutes over ~10 alternating
 // pairs of several variants). kRows rows of x (row r at xr + r·k, its y at y + r·ldy; `rows` of the
@@ -609,10 +608,10 @@ bool avx2_applies(const WeightView& w) {
 void prepare_weight_i4(WeightView& w) {
   // Only the AVX2 and VNNI kernels read packed bands (the scalar code reads rows); a view
   // is packed once. Whole bands of 8 rows take the layout of Band (gemm_i4_avx2), and each group's
-  // 8 scales (s·z in place of the zeros) side by side. Rows after the last whole band stay row-major. Where the view's
-  // scales, zeros and nibbles lie one after another in one buffer (as the int4 quantizer stores
-  // them), the bands are then laid out as one stream (I4Layout): a decode thread reads one
-  // sequential stream instead of three.
+  // 8 scales (and s·z in place of the zeros) side by side. Rows after the last whole band stay
+  // row-major. Where the view's scales, zeros and nibbles lie one after another in one buffer (as
+  // the int4 quantizer stores them), the bands are then laid out as one stream (I4Layout): a
+  // decode thread reads one sequential stream instead of three.
   WeightView v = w;
   if (v.group_size <= 0) v.group_size = v.cols;  // one group per row, as gemm_i4 reads it
   if (!simd_kernel(w.kernel_variant) || !avx2_applies(v)) return;
