@@ -4,7 +4,8 @@
 // (scripts/roofline.sh, which alternates processes, sees that spread). Here the probe and the
 // decode alternate in one process: every decode run sits between two probe windows of ~0.15 s,
 // its share is over their mean, and the counters give the median share over the runs and the
-// range (share_with_kv_median: the same with the K/V bytes attention reads added to the weights').
+// range (share_with_kv_median: the same with the K/V bytes attention reads added to the weights'),
+// and how far apart the host placed the threads (report_placements).
 // The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
 // BM_PrefillRoofline does the same for prefill against the FMA peak.
 //
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -105,6 +107,24 @@ void report_shares(benchmark::State& state, const std::vector<double>& shares) {
   state.counters["share_max"] = *std::max_element(shares.begin(), shares.end());
 }
 
+// The host's placement of the threads, per run: a cache line's round trip between the team's two
+// threads (measure_core_round_trip). On the 2-vCPU EPYC VMs here it is ~60-90 ns with both vCPUs on
+// one CCD (the probe then reads ~35 GB/s) and ~350 ns on two (60-75 GB/s, and every fork, join and
+// claim of a GEMV waits 4x longer): where the runs saw both, the shares are also given apart, split
+// at the geometric mean of the fastest and slowest round trips.
+void report_placements(benchmark::State& state, const std::vector<double>& shares, const std::vector<double>& trips) {
+  const auto [fastest, slowest] = std::minmax_element(trips.begin(), trips.end());
+  state.counters["core_round_trip_ns_min"] = *fastest;
+  state.counters["core_round_trip_ns_max"] = *slowest;
+  if (*fastest <= 0 || *slowest < 2 * *fastest) return;
+  const double split = std::sqrt(*fastest * *slowest);
+  std::vector<double> near, far;
+  for (size_t i = 0; i < shares.size(); ++i) (trips[i] < split ? near : far).push_back(shares[i]);
+  state.counters["share_median_near_cores"] = median(near);
+  state.counters["share_median_far_cores"] = median(far);
+  state.counters["runs_far_cores"] = double(far.size());
+}
+
 // The K and V bytes a decode step's attention reads, on average over a run's steps (the prompt's
 // keys, then one more each step). The roofline's bytes are the weights alone; these are read from
 // memory too (5% more bytes for the 110m's f32 cache here, and a tenth of the step's time), so
@@ -134,7 +154,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
 
   std::mt19937_64 rng(3);
   std::uniform_int_distribution<int32_t> token(3, int32_t(pipeline->model().config().vocab - 1));
-  std::vector<double> shares, with_kv, rates, probes;
+  std::vector<double> shares, with_kv, rates, probes, trips;
   for (auto _ : state) {
     double before = probe_window(probe_buf.get());
     for (int64_t run = 0; run < runs; ++run) {
@@ -149,6 +169,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
       const GenerationResult r = engine.take_finished().at(0);
       const double tok_per_s = double(r.tokens.size() - 1) / (r.finished - r.first_token);
       const double after = probe_window(probe_buf.get());
+      trips.push_back(measure_core_round_trip(1000).value);
       const double probe = (before + after) / 2;
       rates.push_back(tok_per_s);
       probes.push_back(probe);
@@ -158,6 +179,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
     }
   }
   report_shares(state, shares);
+  report_placements(state, shares, trips);
   state.counters["share_with_kv_median"] = median(with_kv);
   state.counters["kv_MB_per_token"] = kv_bytes / 1e6;
   state.counters["decode_tok_per_s"] = median(rates);

@@ -18,6 +18,7 @@ nlohmann::json machine_conditions(double probe_seconds) {
   const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   const ProbeResult bw = measure_read_bandwidth(probe_seconds);
   const ProbeResult fma = measure_fma_peak(probe_seconds);
+  const ProbeResult trip = measure_core_round_trip();
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -33,8 +34,10 @@ nlohmann::json machine_conditions(double probe_seconds) {
             {"read_bandwidth_method", bw.method},
             {"fma_peak_gflops", fma.value},
             {"fma_peak_method", fma.method},
+            {"core_round_trip_ns", trip.value},
+            {"core_round_trip_method", trip.method},
             {"probe_threads", omp_get_max_threads()},
-            {"probe_seconds", bw.seconds + fma.seconds}}}};
+            {"probe_seconds", bw.seconds + fma.seconds + trip.seconds}}}};
 }
 
 }  // namespace tessera::bench

@@ -325,6 +325,10 @@ std::string render_html(const json& r) {
   kv("memory", num(c.value("memory_bytes", 0.0) / 1073741824.0, 1) + " GiB");
   kv("read bandwidth", numj(c["machine"]["read_bandwidth_gbs"], 2) + " GB/s (" + get(c["machine"], "read_bandwidth_method") + ")");
   kv("FMA peak", numj(c["machine"]["fma_peak_gflops"], 1) + " GFLOP/s (" + get(c["machine"], "fma_peak_method") + ")");
+  if (c["machine"].contains("core_round_trip_ns")) {
+    kv("core-to-core round trip",
+       numj(c["machine"]["core_round_trip_ns"], 0) + " ns (" + get(c["machine"], "core_round_trip_method") + ")");
+  }
   kv("backend", get(c, "backend"));
   kv("model", get(c, "model", "path") + " (" + get(c, "model", "name") + ", " + get(c, "model", "weights") + ", context " +
                   get(c, "model", "context") + ")");

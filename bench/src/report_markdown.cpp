@@ -190,7 +190,11 @@ std::string render_markdown(const json& r) {
   out << "- Memory: " << num(json(c.value("memory_bytes", 0.0) / 1073741824.0), 1) << " GiB\n";
   out << "- Measured limits: read bandwidth " << num(at(c, {"machine", "read_bandwidth_gbs"}), 2) << " GB/s ("
       << str(at(c, {"machine", "read_bandwidth_method"})) << "), FMA peak " << num(at(c, {"machine", "fma_peak_gflops"}), 1)
-      << " GFLOP/s (" << str(at(c, {"machine", "fma_peak_method"})) << ")\n";
+      << " GFLOP/s (" << str(at(c, {"machine", "fma_peak_method"})) << ")";
+  if (const json& trip = at(c, {"machine", "core_round_trip_ns"}); trip.is_number()) {
+    out << ", core-to-core round trip " << num(trip, 0) << " ns (" << str(at(c, {"machine", "core_round_trip_method"})) << ")";
+  }
+  out << "\n";
   out << "- Backend: " << str(at(c, {"backend"})) << "; model " << str(at(c, {"model", "path"})) << " ("
       << str(at(c, {"model", "name"})) << ", " << str(at(c, {"model", "weights"})) << ", context "
       << str(at(c, {"model", "context"})) << ")\n";

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "tessera/error.h"
@@ -189,6 +191,62 @@ ProbeResult measure_fma_peak(double seconds) {
                          : has_avx2_fma() ? "avx2 fma, 8 lanes"
                                           : "scalar fma") + ", 10 chains per thread, best of " +
              std::to_string(passes);
+  return r;
+}
+
+ProbeResult measure_core_round_trip(int round_trips) {
+  constexpr int kPasses = 5;
+  const int per_pass = std::max(1, round_trips / kPasses);
+  struct alignas(64) Line {
+    std::atomic<int> turn{0};
+  } line;
+  // Spins, then yields between checks: a team with more threads than CPUs must still finish.
+  auto wait_for = [&](int value) {
+    for (unsigned i = 1; line.turn.load(std::memory_order_acquire) != value; ++i) {
+      if (i < 4096) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  };
+  ProbeResult r;
+  std::vector<double> ns;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < kPasses; ++pass) {
+    line.turn.store(0, std::memory_order_relaxed);
+    double seconds = 0;
+    int threads = 1;
+    team_run([&](int t, int nt) {
+      if (t == 0) threads = nt;
+      if (nt < 2) return;  // one thread (or called inside another region): nobody to answer
+      if (t == 1) {
+        for (int i = 0; i < per_pass; ++i) {
+          wait_for(2 * i + 1);
+          line.turn.store(2 * i + 2, std::memory_order_release);
+        }
+      } else if (t == 0) {
+        const auto p0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < per_pass; ++i) {
+          line.turn.store(2 * i + 1, std::memory_order_release);
+          wait_for(2 * i + 2);
+        }
+        seconds = seconds_since(p0);
+      }
+    });
+    if (threads < 2) {
+      r.threads = 1;
+      r.method = "one thread: no other core to reach";
+      return r;
+    }
+    ns.push_back(seconds / per_pass * 1e9);
+  }
+  std::sort(ns.begin(), ns.end());
+  r.value = ns[kPasses / 2];
+  r.threads = 2;
+  r.seconds = seconds_since(t0);
+  r.method = "a cache line between team threads 0 and 1, median of " + std::to_string(kPasses) + " passes of " +
+             std::to_string(per_pass) + " round trips";
   return r;
 }
 

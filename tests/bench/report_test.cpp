@@ -60,7 +60,11 @@ struct Fixture {
                      {"version", "0.1.0"},
                      {"compiler", "gcc"},
                      {"date", "2025-01-01T00:00:00Z"},
-                     {"machine", {{"read_bandwidth_gbs", 10.0}, {"fma_peak_gflops", 100.0}}},
+                     {"machine",
+                      {{"read_bandwidth_gbs", 10.0},
+                       {"fma_peak_gflops", 100.0},
+                       {"core_round_trip_ns", 350.0},
+                       {"core_round_trip_method", "ping-pong"}}},
                      {"backend", "cpu"},
                      {"model", {{"path", "m.gguf"}, {"name", "m"}, {"weights", "f32 x 1"}, {"context", 512}}},
                      {"command", "tessera bench --pipelines a.yaml b.yaml --workload w.yaml --out o"}};
@@ -128,11 +132,13 @@ TEST(Report, MarkdownAndHtmlCarryEverySection) {
   for (const char* s : {"## Five questions", "## Results", "## Ratios against base", "## Latency (ms)",
                         "## Per request class", "## Per user", "## Accuracy against base", "## Conditions",
                         "Test CPU", "abc123", "What got faster?", "Under which conditions?",
-                        "For which request classes?", "At what cost", "How to reproduce it?"}) {
+                        "For which request classes?", "At what cost", "How to reproduce it?",
+                        "core-to-core round trip 350 ns (ping-pong)"}) {
     EXPECT_NE(md.find(s), std::string::npos) << s;
   }
   const std::string html = render_html(r);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("350 ns (ping-pong)"), std::string::npos);
   EXPECT_NE(html.find("x&lt;y&gt;"), std::string::npos);  // names are escaped
   EXPECT_EQ(html.find("x<y>"), std::string::npos);
   // Self-contained: no URL, no external script, stylesheet or image.

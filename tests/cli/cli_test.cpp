@@ -450,13 +450,15 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
         "conditions.cpu.cores", "conditions.threads", "conditions.memory_bytes", "conditions.backend",
         "conditions.device", "conditions.model.path", "conditions.model.weights", "conditions.lengths", "conditions.load",
         "conditions.build_type", "conditions.git_commit", "conditions.machine.read_bandwidth_gbs",
-        "conditions.machine.fma_peak_gflops", "conditions.command", "five_questions.what_got_faster",
+        "conditions.machine.fma_peak_gflops", "conditions.machine.core_round_trip_ns", "conditions.command",
+        "five_questions.what_got_faster",
         "five_questions.under_which_conditions", "five_questions.for_which_request_classes",
         "five_questions.at_what_cost", "five_questions.reproduce"}) {
     EXPECT_NE(at_path(r, path), "<missing>") << path;
   }
   EXPECT_GT(at_path(r, "conditions.machine.read_bandwidth_gbs").get<double>(), 0.0);
   EXPECT_GT(at_path(r, "conditions.machine.fma_peak_gflops").get<double>(), 0.0);
+  EXPECT_GE(at_path(r, "conditions.machine.core_round_trip_ns").get<double>(), 0.0);
   // The CPU backend's device names the instruction set its kernels use.
   EXPECT_NE(at_path(r, "conditions.device").get<std::string>().find("avx2"), std::string::npos) << r["conditions"];
   const nlohmann::json& base = r["pipelines"][0];

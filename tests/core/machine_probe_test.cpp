@@ -1,11 +1,13 @@
 #include "tessera/machine_probe.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <string>
 #include <vector>
 
 #include "tessera/error.h"
+#include "tessera/thread_team.h"
 
 namespace tessera {
 namespace {
@@ -35,6 +37,30 @@ TEST(MachineProbe, EveryPatternReadsTheBufferAndAnUnknownOneIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pattern must be 0 to 3, not 4"), std::string::npos) << e.what();
   }
+}
+
+TEST(MachineProbe, CoreRoundTripNeedsTwoThreadsAndTakesTime) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const ProbeResult two = measure_core_round_trip(500);
+  ProbeResult nested;  // from inside a region, whose thread 1 is busy
+  team_run([&](int t, int) {
+    if (t == 0) nested = measure_core_round_trip(500);
+  });
+  omp_set_num_threads(1);
+  const ProbeResult one = measure_core_round_trip(500);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(nested.threads, 1);
+  EXPECT_EQ(nested.value, 0.0);
+  EXPECT_EQ(two.threads, 2);
+  // A line's way to another core and back: more than a few cycles, far less than a millisecond
+  // (on one CPU the two threads take turns through yields: still bounded).
+  EXPECT_GT(two.value, 1.0);
+  EXPECT_LT(two.value, 1e6);
+  EXPECT_NE(two.method.find("median of 5 passes of 100 round trips"), std::string::npos) << two.method;
+  EXPECT_EQ(one.threads, 1);
+  EXPECT_EQ(one.value, 0.0);
+  EXPECT_NE(one.method.find("one thread"), std::string::npos) << one.method;
 }
 
 }  // namespace

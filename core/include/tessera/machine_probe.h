@@ -26,6 +26,14 @@ ProbeResult measure_read_bandwidth(double seconds = 0.25, size_t bytes = size_t(
 // counts 2): the widest the CPU has, which the f32 prefill tiles also use.
 ProbeResult measure_fma_peak(double seconds = 0.25);
 
+// How long a cache line takes to go from the team's thread 0 to thread 1 and back (ns, the
+// median of 5 passes of `round_trips` / 5 ping-pongs): what every fork, join and shared claim of a
+// parallel GEMV waits for. On the 2-vCPU EPYC VMs here it tells the host's two placements apart:
+// ~60-90 ns with both vCPUs on one CCD, where two threads read no faster than one (~35 GB/s), and
+// ~350 ns on two CCDs, where they read 60-75 GB/s and an int4 decode's per-GEMV costs are largest.
+// value 0 with one thread (threads 1).
+ProbeResult measure_core_round_trip(int round_trips = 2000);
+
 // One pass of each kernel, for callers (Google Benchmark) that do their own timing:
 // read_bandwidth_pass sums `n` floats with all threads, each reading its part as kProbePatterns[pattern]
 // says; fma_peak_pass runs `iters` chain steps per thread and returns the floating-point operations it did.
