@@ -7,12 +7,14 @@
 // range (share_with_kv_median: the same with the K/V bytes attention reads added to the weights'),
 // and how far apart the host placed the threads (report_placements).
 // The same pipeline files as `tessera run -p` (pipelines/*.yaml), on the synthetic 110m.
-// BM_PrefillRoofline does the same for prefill against the FMA peak.
+// BM_PrefillRoofline does the same for prefill against the FMA peak; BM_DecodeVs sets two pipelines'
+// decodes side by side.
 //
 //   TESSERA_ROOFLINE_MODEL  GGUF for the float and int pipelines (default: `tessera synth --preset
 //                           110m`, written to $TMPDIR once). The gguf pipelines read the synthetic
 //                           110m written as Q8_0 / Q4_0 (also in $TMPDIR, once).
 //   OMP_NUM_THREADS         decode and probe threads (default: all cores)
+//   TESSERA_VS_A, _B        BM_DecodeVs's pipeline files
 //
 // args: pipeline (0 baseline f32, 1 int8, 2 int4, 3 gguf Q8_0, 4 gguf Q4_0), decode runs.
 #include <benchmark/benchmark.h>
@@ -112,17 +114,46 @@ void report_shares(benchmark::State& state, const std::vector<double>& shares) {
 // one CCD (the probe then reads ~35 GB/s) and ~350 ns on two (60-75 GB/s, and every fork, join and
 // claim of a GEMV waits 4x longer): where the runs saw both, the shares are also given apart, split
 // at the geometric mean of the fastest and slowest round trips.
-void report_placements(benchmark::State& state, const std::vector<double>& shares, const std::vector<double>& trips) {
+// Medians of `values` over the runs whose round trip was below and above the geometric mean of the
+// fastest and slowest, where the slowest took over twice the fastest (both placements seen).
+struct ByPlacement {
+  bool both = false;
+  double near = 0, far = 0;
+  size_t far_runs = 0;
+};
+ByPlacement by_placement(const std::vector<double>& values, const std::vector<double>& trips) {
   const auto [fastest, slowest] = std::minmax_element(trips.begin(), trips.end());
-  state.counters["core_round_trip_ns_min"] = *fastest;
-  state.counters["core_round_trip_ns_max"] = *slowest;
-  if (*fastest <= 0 || *slowest < 2 * *fastest) return;
+  if (*fastest <= 0 || *slowest < 2 * *fastest) return {};
   const double split = std::sqrt(*fastest * *slowest);
   std::vector<double> near, far;
-  for (size_t i = 0; i < shares.size(); ++i) (trips[i] < split ? near : far).push_back(shares[i]);
-  state.counters["share_median_near_cores"] = median(near);
-  state.counters["share_median_far_cores"] = median(far);
-  state.counters["runs_far_cores"] = double(far.size());
+  for (size_t i = 0; i < values.size(); ++i) (trips[i] < split ? near : far).push_back(values[i]);
+  return {true, median(near), median(far), far.size()};
+}
+
+void report_placements(benchmark::State& state, const std::vector<double>& shares, const std::vector<double>& trips) {
+  state.counters["core_round_trip_ns_min"] = *std::min_element(trips.begin(), trips.end());
+  state.counters["core_round_trip_ns_max"] = *std::max_element(trips.begin(), trips.end());
+  if (const ByPlacement b = by_placement(shares, trips); b.both) {
+    state.counters["share_median_near_cores"] = b.near;
+    state.counters["share_median_far_cores"] = b.far;
+    state.counters["runs_far_cores"] = double(b.far_runs);
+  }
+}
+
+// One decode of kDecodeTokens after a random kPromptTokens-token prompt: its tokens/s.
+constexpr int64_t kPromptTokens = 7;
+double decode_tokens_per_s(Pipeline& pipeline, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> token(3, int32_t(pipeline.model().config().vocab - 1));
+  Engine engine(pipeline);
+  GenerationRequest req;
+  req.prompt = {1};
+  for (int i = 1; i < kPromptTokens; ++i) req.prompt.push_back(token(rng));
+  req.max_tokens = kDecodeTokens;
+  req.ignore_eos = true;
+  engine.submit(req);
+  engine.run_until_idle();
+  const GenerationResult r = engine.take_finished().at(0);
+  return double(r.tokens.size() - 1) / (r.finished - r.first_token);
 }
 
 // The K and V bytes a decode step's attention reads, on average over a run's steps (the prompt's
@@ -141,7 +172,6 @@ void BM_DecodeRoofline(benchmark::State& state) {
   const int64_t runs = state.range(1);
   auto pipeline = pipeline_for(c);
   const double bytes_per_token = double(pipeline->model().decode_bytes_per_token());
-  constexpr int64_t kPromptTokens = 7;
   const double kv_bytes = kv_bytes_per_token(*pipeline, kPromptTokens);
 
   auto unmap = [](float* p) { unmap_huge_pages(p, kProbeBytes); };
@@ -153,21 +183,11 @@ void BM_DecodeRoofline(benchmark::State& state) {
   std::fill(probe_buf.get(), probe_buf.get() + kProbeBytes / 4, 1.0f);
 
   std::mt19937_64 rng(3);
-  std::uniform_int_distribution<int32_t> token(3, int32_t(pipeline->model().config().vocab - 1));
   std::vector<double> shares, with_kv, rates, probes, trips;
   for (auto _ : state) {
     double before = probe_window(probe_buf.get());
     for (int64_t run = 0; run < runs; ++run) {
-      Engine engine(*pipeline);
-      GenerationRequest req;
-      req.prompt = {1};
-      for (int i = 1; i < kPromptTokens; ++i) req.prompt.push_back(token(rng));
-      req.max_tokens = kDecodeTokens;
-      req.ignore_eos = true;
-      engine.submit(req);
-      engine.run_until_idle();
-      const GenerationResult r = engine.take_finished().at(0);
-      const double tok_per_s = double(r.tokens.size() - 1) / (r.finished - r.first_token);
+      const double tok_per_s = decode_tokens_per_s(*pipeline, rng);
       const double after = probe_window(probe_buf.get());
       trips.push_back(measure_core_round_trip(1000).value);
       const double probe = (before + after) / 2;
@@ -189,6 +209,55 @@ void BM_DecodeRoofline(benchmark::State& state) {
                  std::to_string(omp_get_max_threads()) + " threads, " + std::to_string(kDecodeTokens) + " tokens a run");
 }
 BENCHMARK(BM_DecodeRoofline)->ArgsProduct({{0, 1, 2, 3, 4}, {12}})->Iterations(1)->Unit(benchmark::kSecond);
+
+// Two pipelines' decodes side by side (TESSERA_VS_A, TESSERA_VS_B: pipeline files, by default
+// pipelines/int8.yaml and pipelines/int4.yaml), their runs alternated A B B A A B ... in one process,
+// so that each pair sees the same moments of the host: per pair, B's tokens/s over A's and B's weight
+// read rate (bytes a token x tokens/s) over A's, medians over the pairs (and apart by placement, as
+// BM_DecodeRoofline). Two separate runs of a pipeline differ by up to a third here from minute to
+// minute; these ratios, by ~1%. args: pairs.
+void BM_DecodeVs(benchmark::State& state) {
+  const char* names[2] = {std::getenv("TESSERA_VS_A"), std::getenv("TESSERA_VS_B")};
+  const std::string paths[2] = {names[0] != nullptr ? names[0] : TESSERA_SOURCE_DIR "/pipelines/int8.yaml",
+                                names[1] != nullptr ? names[1] : TESSERA_SOURCE_DIR "/pipelines/int4.yaml"};
+  std::unique_ptr<Pipeline> pipelines[2];
+  double bytes[2];
+  for (int i = 0; i < 2; ++i) {
+    PipelineSpec spec = load_pipeline_spec(paths[i]);
+    spec.model = model_for(DType::F32);
+    spec.backend = "cpu";
+    pipelines[i] = Pipeline::build(spec, bench::registry());
+    bytes[i] = double(pipelines[i]->model().decode_bytes_per_token());
+  }
+  std::mt19937_64 rng(3);
+  std::vector<double> tok_ratios, read_ratios, trips;
+  for (auto _ : state) {
+    double rate[2] = {0, 0};
+    for (int64_t run = 0; run < 2 * state.range(0); ++run) {
+      const int which = int((run + run / 2) % 2);  // A B B A: a drift favours neither
+      rate[which] = decode_tokens_per_s(*pipelines[which], rng);
+      if (run % 2 == 1) {
+        tok_ratios.push_back(rate[1] / rate[0]);
+        read_ratios.push_back(bytes[1] * rate[1] / (bytes[0] * rate[0]));
+        trips.push_back(measure_core_round_trip(1000).value);
+      }
+    }
+  }
+  state.counters["b_over_a_tok_per_s"] = median(tok_ratios);
+  state.counters["b_over_a_read_rate"] = median(read_ratios);
+  state.counters["pairs"] = double(tok_ratios.size());
+  state.counters["core_round_trip_ns_min"] = *std::min_element(trips.begin(), trips.end());
+  state.counters["core_round_trip_ns_max"] = *std::max_element(trips.begin(), trips.end());
+  if (const ByPlacement b = by_placement(tok_ratios, trips); b.both) {
+    state.counters["b_over_a_tok_per_s_near_cores"] = b.near;
+    state.counters["b_over_a_tok_per_s_far_cores"] = b.far;
+    state.counters["pairs_far_cores"] = double(b.far_runs);
+  }
+  state.SetLabel("a " + paths[0] + " (" + pipelines[0]->model().weight_formats() + "), b " + paths[1] + " (" +
+                 pipelines[1]->model().weight_formats() + "), " + std::to_string(omp_get_max_threads()) + " threads, " +
+                 std::to_string(kDecodeTokens) + " tokens a run");
+}
+BENCHMARK(BM_DecodeVs)->Arg(16)->Iterations(1)->Unit(benchmark::kSecond);
 
 // Prefill of a 128-token prompt as a share of the FMA peak (issue #3): twice the multiply-adds of
 // the layers for every prompt token and of the head for the last, over the prefill time (admitted
