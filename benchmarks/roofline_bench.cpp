@@ -112,32 +112,21 @@ void report_shares(benchmark::State& state, const std::vector<double>& shares) {
 // The host's placement of the threads, per run: a cache line's round trip between the team's two
 // threads (measure_core_round_trip). On the 2-vCPU EPYC VMs here it is ~60-90 ns with both vCPUs on
 // one CCD (the probe then reads ~35 GB/s) and ~350 ns on two (60-75 GB/s, and every fork, join and
-// claim of a GEMV waits 4x longer): where the runs saw both, the shares are also given apart, split
-// at the geometric mean of the fastest and slowest round trips.
-// Medians of `values` over the runs whose round trip was below and above the geometric mean of the
-// fastest and slowest, where the slowest took over twice the fastest (both placements seen).
-struct ByPlacement {
-  bool both = false;
-  double near = 0, far = 0;
-  size_t far_runs = 0;
-};
-ByPlacement by_placement(const std::vector<double>& values, const std::vector<double>& trips) {
+// claim of a GEMV waits 4x longer). Reported: the round trips' range, and where the runs saw both
+// placements (the slowest round trip over twice the fastest), the medians of `values` over the runs
+// below and above their geometric mean, as <name>_near_cores and <name>_far_cores.
+void report_placements(benchmark::State& state, const std::string& name, const std::vector<double>& values,
+                       const std::vector<double>& trips) {
   const auto [fastest, slowest] = std::minmax_element(trips.begin(), trips.end());
-  if (*fastest <= 0 || *slowest < 2 * *fastest) return {};
+  state.counters["core_round_trip_ns_min"] = *fastest;
+  state.counters["core_round_trip_ns_max"] = *slowest;
+  if (*fastest <= 0 || *slowest < 2 * *fastest) return;
   const double split = std::sqrt(*fastest * *slowest);
   std::vector<double> near, far;
   for (size_t i = 0; i < values.size(); ++i) (trips[i] < split ? near : far).push_back(values[i]);
-  return {true, median(near), median(far), far.size()};
-}
-
-void report_placements(benchmark::State& state, const std::vector<double>& shares, const std::vector<double>& trips) {
-  state.counters["core_round_trip_ns_min"] = *std::min_element(trips.begin(), trips.end());
-  state.counters["core_round_trip_ns_max"] = *std::max_element(trips.begin(), trips.end());
-  if (const ByPlacement b = by_placement(shares, trips); b.both) {
-    state.counters["share_median_near_cores"] = b.near;
-    state.counters["share_median_far_cores"] = b.far;
-    state.counters["runs_far_cores"] = double(b.far_runs);
-  }
+  state.counters[name + "_near_cores"] = median(near);
+  state.counters[name + "_far_cores"] = median(far);
+  state.counters["runs_far_cores"] = double(far.size());
 }
 
 // One decode of kDecodeTokens after a random kPromptTokens-token prompt: its tokens/s.
@@ -199,7 +188,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
     }
   }
   report_shares(state, shares);
-  report_placements(state, shares, trips);
+  report_placements(state, "share_median", shares, trips);
   state.counters["share_with_kv_median"] = median(with_kv);
   state.counters["kv_MB_per_token"] = kv_bytes / 1e6;
   state.counters["decode_tok_per_s"] = median(rates);
@@ -246,13 +235,7 @@ void BM_DecodeVs(benchmark::State& state) {
   state.counters["b_over_a_tok_per_s"] = median(tok_ratios);
   state.counters["b_over_a_read_rate"] = median(read_ratios);
   state.counters["pairs"] = double(tok_ratios.size());
-  state.counters["core_round_trip_ns_min"] = *std::min_element(trips.begin(), trips.end());
-  state.counters["core_round_trip_ns_max"] = *std::max_element(trips.begin(), trips.end());
-  if (const ByPlacement b = by_placement(tok_ratios, trips); b.both) {
-    state.counters["b_over_a_tok_per_s_near_cores"] = b.near;
-    state.counters["b_over_a_tok_per_s_far_cores"] = b.far;
-    state.counters["pairs_far_cores"] = double(b.far_runs);
-  }
+  report_placements(state, "b_over_a_tok_per_s", tok_ratios, trips);
   state.SetLabel("a " + paths[0] + " (" + pipelines[0]->model().weight_formats() + "), b " + paths[1] + " (" +
                  pipelines[1]->model().weight_formats() + "), " + std::to_string(omp_get_max_threads()) + " threads, " +
                  std::to_string(kDecodeTokens) + " tokens a run");
