@@ -104,6 +104,9 @@ class CpuBackend final : public Backend {
                   size_t n_parts) override {
     return cpu::gemm_f32_parts(x, m, w, parts, n_parts) || cpu::gemm_i8_parts(x, m, w, parts, n_parts);
   }
+  bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n) override {
+    return cpu::gemv_many(x, views, ys, n);
+  }
   void prepare_weight(WeightView& w) override {
     cpu::prepare_weight(w);
     // Matrices past half an arena slab (an output head: 24.6 MB in int8, 98 MB in f32 for 110m)

@@ -673,6 +673,20 @@ void prepare_weight_i4(WeightView& w) {
   w.kernel_variant |= kBandStream;
 }
 
+WeightView i4_rows(const WeightView& w, int64_t r0, int64_t r1) {
+  const I4Layout at(w);
+  WeightView part = w;
+  part.rows = r1 - r0;
+  if (at.stream()) {  // bands one after another; the scales and zeros point at the tail rows', after them
+    part.data = at.data + r0 / kRowsPerBand * at.band_bytes;
+    return part;
+  }
+  part.data = at.data + r0 * at.row_bytes;  // bands in place (or rows), scales and zeros per row
+  part.scales = w.scales + r0 * at.groups;
+  if (w.zeros != nullptr) part.zeros = w.zeros + r0 * at.groups;
+  return part;
+}
+
 void gemm_i4(const float* x, int64_t m, const WeightView& view, float* y) {
   const int32_t variant = view.kernel_variant & ~(kPackedBands | kBandStream);
   if (!simd_kernel(variant) && variant != kKernelReference) {

@@ -153,6 +153,10 @@ int64_t gemm_f32_panels(const float* x, int64_t m, const WeightView& w, float* y
 // (cols multiples of 16); false, writing nothing, otherwise.
 bool gemm_f32_parts(const float* x, int64_t m, const WeightView& w, const OutputPart* parts, size_t n_parts);
 void prepare_weight_i4(WeightView& w);
+// Rows [r0, r1) of an int4 view as a view of their own (r0 a multiple of 8: a band's first row).
+WeightView i4_rows(const WeightView& w, int64_t r0, int64_t r1);
+// Backend::gemv_many (gemv_many_cpu.cpp).
+bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

@@ -394,6 +394,28 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     }
   };
 
+  // A token's q, k and v where v (or each) is stored apart, the quantizer having kept it in another
+  // format: all in one backend call where it can (Backend::gemv_many), a parallel region where the
+  // Linears took one each; q|k's joined output is used in place, as project does.
+  auto query_key_value_at_once = [&](Layer& L, float*& q, float*& k, float* v) {
+    if (T != 1) return false;
+    Linear* const linears[3] = {L.wqk != nullptr ? L.wqk.get() : L.wq.get(), L.wqk != nullptr ? L.wv.get() : L.wk.get(),
+                                L.wqk != nullptr ? nullptr : L.wv.get()};
+    float* const outs[3] = {L.wqk != nullptr ? s.qkv.as<float>() : q, L.wqk != nullptr ? v : k, v};
+    const size_t n = L.wqk != nullptr ? 2 : 3;
+    WeightView views[3];
+    for (size_t i = 0; i < n; ++i) {
+      if (!linears[i]->runs_as_gemm()) return false;
+      views[i] = linears[i]->view();
+    }
+    if (!backend_.gemv_many(xb, views, outs, n)) return false;
+    if (L.wqk != nullptr) {
+      q = outs[0];
+      k = outs[0] + c.dim;
+    }
+    return true;
+  };
+
   AttentionStep step;
   step.n_tokens = T;
   step.slots = s.slots;
@@ -415,7 +437,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     if (L.wqkv != nullptr) {
       project(L.wqkv.get(), s.qkv.as<float>(),
               {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
-    } else {
+    } else if (!query_key_value_at_once(L, q, k, v)) {
       project(L.wqk.get(), s.qkv.as<float>(), {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}});
       L.wv->forward(xb, T, v);
     }

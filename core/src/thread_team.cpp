@@ -198,7 +198,8 @@ Team& team() {
 
 }  // namespace
 
-int team_max_threads() { return omp_get_max_threads(); }
+// Inside a region a region runs on its caller alone (Team::run), so its code sizes its work for one.
+int team_max_threads() { return t_size > 1 ? 1 : omp_get_max_threads(); }
 
 void team_run_raw(void (*fn)(void*, int, int), void* ctx) { team().run(fn, ctx); }
 

@@ -66,6 +66,7 @@ class Int4Linear final : public Linear {
     return "int4/g" + std::to_string(view_.group_size) + "/" + scheme_tag(scheme_);
   }
   WeightView view() const override { return view_; }
+  bool runs_as_gemm() const override { return true; }
 
  private:
   Backend& backend_;

@@ -294,5 +294,78 @@ TEST(CpuGemm, QuantizedFormatsGiveTheSameBitsOnOneThreadOrFourAloneOrInABatch) {
   cpu_backend().set_threads(2);
 }
 
+// gemv_many runs several weights' GEMVs in one parallel region, each thread on a slice of each cut
+// at whole bands or panels: every output is the bits of the weight's own gemm, whatever the rows
+// left after the last whole band or panel, on two threads or four; one thread, a format it cannot
+// slice, or weights too small to share out are declined with nothing written.
+TEST(CpuGemm, GemvManyGivesEachWeightsOwnBitsInOneRegion) {
+  const int64_t k = 768;
+  struct Part {
+    const char* quantizer;
+    nlohmann::json params;
+    DType stored;
+    int64_t rows;
+  };
+  const std::vector<Part> parts = {{"int4", {{"group_size", 32}, {"scheme", "asymmetric"}}, DType::F32, 1540},
+                                   {"int8", nlohmann::json::object(), DType::F32, 776},
+                                   {"none", nlohmann::json::object(), DType::F32, 520},
+                                   {"int4", {{"group_size", 64}}, DType::F32, 96}};
+  std::vector<std::unique_ptr<Linear>> linears;
+  std::vector<WeightView> views;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    const auto w = random_floats(size_t(p.rows * k), uint64_t(30 + i));
+    auto quantizer = test::plugins().create<Quantizer>(p.quantizer, p.params, "test");
+    linears.push_back(quantizer->make_linear(
+        cpu_backend(), WeightSource{"blk.0.attn_q.weight", p.stored, w.data(), p.rows, k}));
+    ASSERT_TRUE(linears.back()->runs_as_gemm()) << p.quantizer;
+    views.push_back(linears.back()->view());
+  }
+  const auto x = random_floats(size_t(k), 40, -3, 3);
+  DeviceBuffer xb(cpu_backend(), size_t(k) * sizeof(float));
+  xb.upload(x.data(), x.size() * sizeof(float));
+  auto run_many = [&](size_t n, std::vector<std::vector<float>>& got) {
+    std::vector<DeviceBuffer> ys;
+    std::vector<float*> outs;
+    for (size_t i = 0; i < n; ++i) {
+      ys.emplace_back(cpu_backend(), size_t(views[i].rows) * sizeof(float));
+      cpu_backend().fill_zero(ys.back().get(), ys.back().size());
+      outs.push_back(ys.back().as<float>());
+    }
+    const bool ran = cpu_backend().gemv_many(xb.as<float>(), views.data(), outs.data(), n);
+    got.assign(n, {});
+    for (size_t i = 0; i < n; ++i) {
+      got[i].resize(size_t(views[i].rows));
+      cpu_backend().copy_to_host(got[i].data(), ys[i].get(), got[i].size() * sizeof(float));
+    }
+    return ran;
+  };
+  std::vector<std::vector<float>> want;
+  for (const auto& l : linears) want.push_back(test::linear_forward(*l, x, 1));
+  for (int threads : {2, 4}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    cpu_backend().set_threads(threads);
+    std::vector<std::vector<float>> got;
+    ASSERT_TRUE(run_many(parts.size(), got));
+    for (size_t i = 0; i < parts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "weight " << i << " (" << parts[i].quantizer << ")";
+  }
+  cpu_backend().set_threads(1);
+  std::vector<std::vector<float>> got;
+  EXPECT_FALSE(run_many(2, got)) << "one thread: each gemm runs alone anyway";
+  EXPECT_EQ(got[0], std::vector<float>(got[0].size(), 0.0f)) << "nothing written";
+  cpu_backend().set_threads(2);
+  const std::vector<float> q8(size_t(96 * k), 0.25f);
+  std::vector<uint8_t> stored(dtype_row_bytes(DType::Q8_0, k) * 96);
+  for (int64_t r = 0; r < 96; ++r) quantize_row(DType::Q8_0, q8.data() + r * k, stored.data() + r * dtype_row_bytes(DType::Q8_0, k), k);
+  auto gguf = test::plugins().create<Quantizer>("gguf", nlohmann::json::object(), "test");
+  auto q8_linear = gguf->make_linear(cpu_backend(), WeightSource{"blk.0.attn_v.weight", DType::Q8_0, stored.data(), 96, k});
+  const WeightView saved = views[1];
+  views[1] = q8_linear->view();
+  EXPECT_FALSE(run_many(2, got)) << "Q8_0 blocks: not sliced";
+  views[1] = saved;
+  views[0] = views[1] = views[3];  // two small weights
+  EXPECT_FALSE(run_many(2, got)) << "too few bytes to share out";
+}
+
 }  // namespace
 }  // namespace tessera

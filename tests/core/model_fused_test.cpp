@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,6 +20,7 @@
 #include "tessera/gguf.h"
 #include "tessera/model.h"
 #include "tessera/pipeline.h"
+#include "tessera/synth.h"
 
 namespace tessera {
 namespace {
@@ -130,6 +132,36 @@ TEST(ModelFused, QueryAndKeyJoinWhereTheValueIsStoredOtherwise) {
       EXPECT_EQ(joined_logits[i], separate_logits[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
     }
   }
+}
+
+// A decode step runs q|k and a v stored otherwise in one backend call (Backend::gemv_many) where
+// the weights are large enough to share out over the threads (stories260K's are not: a synthetic
+// model with dim 512): the logits are the bits of one thread, where each Linear runs alone.
+TEST(ModelFused, QueryKeyAndValueStoredApartRunInOneCallWithTheSameBits) {
+  SynthSpec spec;
+  spec.preset = "custom";
+  spec.dim = 512, spec.ffn_dim = 1024, spec.n_layers = 2, spec.n_heads = 8, spec.n_kv_heads = 8;
+  spec.vocab = 300, spec.context_length = 64, spec.seed = 7;
+  const std::string path = testing::TempDir() + "/tessera_model_fused_512.gguf";
+  write_synthetic_model(spec, path);
+  const std::vector<int32_t> prompt = {1, 40, 77, 261, 99};
+  for (const nlohmann::json& quantizer :
+       {nlohmann::json{{"plugin", "int4"}, {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}},
+        nlohmann::json{{"plugin", "int8"}, {"keep_float", {"*.attn_v.weight"}}}}) {
+    SCOPED_TRACE(quantizer.dump());
+    auto p = test::cpu_pipeline(path, {{"quantizer", quantizer}});
+    p->backend().set_threads(2);
+    const auto together = run(p->model(), *p, prompt, 3);
+    p->backend().set_threads(1);
+    const auto alone = run(p->model(), *p, prompt, 3);
+    p->backend().set_threads(2);
+    ASSERT_EQ(together.size(), alone.size());
+    for (size_t i = 0; i < together.size(); ++i) {
+      ASSERT_FALSE(together[i].empty());
+      EXPECT_EQ(together[i], alone[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(ModelFused, FloatWeightsGiveTheSeparateLogitsToFloatRounding) {

@@ -72,7 +72,9 @@ TEST(ThreadTeam, ARegionInsideARegionRunsOnItsCallerAlone) {
   ThreadCount count(2);
   std::atomic<int> inner_runs{0};
   std::vector<int> outer_thread_after(2, -1);
+  EXPECT_EQ(team_max_threads(), 2);
   team_run([&](int t, int) {
+    EXPECT_EQ(team_max_threads(), 1) << "what a region started here gets, so kernels size their work for one";
     team_run([&](int it, int in) {
       EXPECT_EQ(it, 0);
       EXPECT_EQ(in, 1);

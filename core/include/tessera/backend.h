@@ -135,6 +135,14 @@ class Backend {
     (void)x, (void)m, (void)w, (void)parts, (void)n_parts;
     return false;
   }
+  // One token (m = 1) through several weights that share x, in one parallel region where gemm calls
+  // fork one each (a layer's q|k and v when v is stored in another format): ys[i] = x · views[i]ᵀ,
+  // each output the bits its own gemm gives. False, with nothing written, where the backend has no
+  // such path for these weights; the caller then runs gemm on each.
+  virtual bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n) {
+    (void)x, (void)views, (void)ys, (void)n;
+    return false;
+  }
   // Called once for each weight a Linear owns, after it was written to the device row-major: the
   // backend may rearrange the bytes in place (same size) into the layout its gemm streams fastest
   // and mark `w` (kernel_variant bits it owns) so that gemm knows. Only gemm ever sees such a view;

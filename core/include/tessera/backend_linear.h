@@ -25,6 +25,7 @@ class BackendLinear final : public Linear {
   size_t resident_bytes() const override { return data_.size() + extra_.size(); }
   std::string format() const override { return format_; }
   WeightView view() const override { return view_; }
+  bool runs_as_gemm() const override { return true; }
 
  private:
   Backend& backend_;

@@ -40,6 +40,9 @@ class Linear {
   virtual std::string format() const = 0;     // e.g. "f32", "q8_0", "int8/channel"
   // The stored weight, for ops that read the matrix directly (tied embeddings, tests).
   virtual WeightView view() const = 0;
+  // True where forward is exactly Backend::gemm on view(): the model may then run this weight in
+  // one call with others that share its input (Backend::gemv_many).
+  virtual bool runs_as_gemm() const { return false; }
 };
 
 class Quantizer {

@@ -13,7 +13,7 @@
 
 namespace tessera {
 
-// Threads a region started now from this thread gets (OpenMP's max threads for it).
+// Threads a region started now from this thread gets (OpenMP's max threads for it; 1 inside a region).
 int team_max_threads();
 
 // Runs fn(ctx, t, n) for t = 0 .. n-1 at once, the caller being thread 0, and returns when every
