@@ -21,7 +21,8 @@ int64_t slice_rows(const WeightView& w) {
   switch (w.dtype) {
     case DType::I4:
       return 8;
-    case DType::I8:
+    case DType::I8:  // our panels (oneDNN's variant keeps its own state per shape)
+      return (w.kernel_variant & kI8PackedPanels) != 0 ? PanelOut::kPanelColumns : 0;
     case DType::F32:
       return PanelOut::kPanelColumns;  // panels of 16 rows, row-major rows after them
     default:
