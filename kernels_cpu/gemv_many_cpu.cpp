@@ -20,7 +20,7 @@ namespace {
 int64_t slice_rows(const WeightView& w) {
   switch (w.dtype) {
     case DType::I4:
-      return 8;
+      return w.group_size > 0 ? 8 : 0;  // bands of 8 rows
     case DType::I8:  // our panels (oneDNN's variant keeps its own state per shape)
       return (w.kernel_variant & kI8PackedPanels) != 0 ? PanelOut::kPanelColumns : 0;
     case DType::F32:

@@ -399,10 +399,16 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   // Linears took one each; q|k's joined output is used in place, as project does.
   auto query_key_value_at_once = [&](Layer& L, float*& q, float*& k, float* v) {
     if (T != 1) return false;
-    Linear* const linears[3] = {L.wqk != nullptr ? L.wqk.get() : L.wq.get(), L.wqk != nullptr ? L.wv.get() : L.wk.get(),
-                                L.wqk != nullptr ? nullptr : L.wv.get()};
-    float* const outs[3] = {L.wqk != nullptr ? s.qkv.as<float>() : q, L.wqk != nullptr ? v : k, v};
-    const size_t n = L.wqk != nullptr ? 2 : 3;
+    Linear* linears[3];
+    float* outs[3];
+    size_t n = 0;
+    if (L.wqk != nullptr) {
+      linears[n] = L.wqk.get(), outs[n++] = s.qkv.as<float>();
+    } else {
+      linears[n] = L.wq.get(), outs[n++] = q;
+      linears[n] = L.wk.get(), outs[n++] = k;
+    }
+    linears[n] = L.wv.get(), outs[n++] = v;
     WeightView views[3];
     for (size_t i = 0; i < n; ++i) {
       if (!linears[i]->runs_as_gemm()) return false;
