@@ -1,6 +1,7 @@
 #include "tessera/model.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -362,6 +363,22 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   float* x = s.x.as<float>();
   float* xb = s.xb.as<float>();
   float* att = s.att.as<float>();
+  // One token through Linears that share xb but were kept apart (the quantizer stored them in
+  // different formats: v in int8 beside an int4 q|k, a sensitive ffn_up in float): all in one
+  // backend call where it can (Backend::gemv_many), a parallel region where each took one.
+  using Apart = std::pair<Linear*, float*>;  // a Linear and its output
+  auto at_once = [&](std::span<const Apart> linears) {
+    if (T != 1 || linears.size() > 3) return false;
+    WeightView views[3];
+    float* outs[3];
+    size_t n = 0;
+    for (const auto& [linear, out] : linears) {
+      if (!linear->runs_as_gemm()) return false;
+      views[n] = linear->view();
+      outs[n++] = out;
+    }
+    return backend_.gemv_many(xb, views, outs, n);
+  };
   // xb through weights that share it: each part's own Linear, or the fused one, which writes a
   // batch's parts to their own buffers where it can; otherwise its output holds each token's parts
   // side by side (one token's are used in place, a batch's copied apart).
@@ -372,7 +389,12 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   };
   auto project = [&](Linear* fused, float* joined, std::initializer_list<Part> parts) {
     if (fused == nullptr) {
-      for (const Part& p : parts) p.alone->forward(xb, T, *p.out);
+      Apart apart[3];
+      size_t n = 0;
+      for (const Part& p : parts) apart[n++] = {p.alone, *p.out};
+      if (!at_once({apart, n})) {
+        for (const Part& p : parts) p.alone->forward(xb, T, *p.out);
+      }
       return;
     }
     if (T > 1) {
@@ -392,34 +414,6 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
       }
       at += p.cols;
     }
-  };
-
-  // A token's q, k and v where v (or each) is stored apart, the quantizer having kept it in another
-  // format: all in one backend call where it can (Backend::gemv_many), a parallel region where the
-  // Linears took one each; q|k's joined output is used in place, as project does.
-  auto query_key_value_at_once = [&](Layer& L, float*& q, float*& k, float* v) {
-    if (T != 1) return false;
-    Linear* linears[3];
-    float* outs[3];
-    size_t n = 0;
-    if (L.wqk != nullptr) {
-      linears[n] = L.wqk.get(), outs[n++] = s.qkv.as<float>();
-    } else {
-      linears[n] = L.wq.get(), outs[n++] = q;
-      linears[n] = L.wk.get(), outs[n++] = k;
-    }
-    linears[n] = L.wv.get(), outs[n++] = v;
-    WeightView views[3];
-    for (size_t i = 0; i < n; ++i) {
-      if (!linears[i]->runs_as_gemm()) return false;
-      views[i] = linears[i]->view();
-    }
-    if (!backend_.gemv_many(xb, views, outs, n)) return false;
-    if (L.wqk != nullptr) {
-      q = outs[0];
-      k = outs[0] + c.dim;
-    }
-    return true;
   };
 
   AttentionStep step;
@@ -443,8 +437,13 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     if (L.wqkv != nullptr) {
       project(L.wqkv.get(), s.qkv.as<float>(),
               {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
-    } else if (!query_key_value_at_once(L, q, k, v)) {
-      project(L.wqk.get(), s.qkv.as<float>(), {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}});
+    } else if (L.wqk == nullptr) {
+      project(nullptr, nullptr, {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
+    } else if (float* joined = s.qkv.as<float>(); at_once(std::array<Apart, 2>{{{L.wqk.get(), joined}, {L.wv.get(), v}}})) {
+      q = joined;  // q|k's output used in place, as project does
+      k = joined + c.dim;
+    } else {
+      project(L.wqk.get(), joined, {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}});
       L.wv->forward(xb, T, v);
     }
     backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);

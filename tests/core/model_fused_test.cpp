@@ -134,10 +134,11 @@ TEST(ModelFused, QueryAndKeyJoinWhereTheValueIsStoredOtherwise) {
   }
 }
 
-// A decode step runs q|k and a v stored otherwise in one backend call (Backend::gemv_many) where
-// the weights are large enough to share out over the threads (stories260K's are not: a synthetic
-// model with dim 512): the logits are the bits of one thread, where each Linear runs alone.
-TEST(ModelFused, QueryKeyAndValueStoredApartRunInOneCallWithTheSameBits) {
+// A decode step runs weights that share their input but are stored apart (q|k and v, q, k and v,
+// gate and up) in one backend call (Backend::gemv_many) where they are large enough to share out
+// over the threads (stories260K's are not: a synthetic model with dim 512): the logits are the
+// bits of one thread, where each Linear runs alone.
+TEST(ModelFused, WeightsStoredApartRunInOneCallWithTheSameBits) {
   SynthSpec spec;
   spec.preset = "custom";
   spec.dim = 512, spec.ffn_dim = 1024, spec.n_layers = 2, spec.n_heads = 8, spec.n_kv_heads = 8;
@@ -145,11 +146,18 @@ TEST(ModelFused, QueryKeyAndValueStoredApartRunInOneCallWithTheSameBits) {
   const std::string path = testing::TempDir() + "/tessera_model_fused_512.gguf";
   write_synthetic_model(spec, path);
   const std::vector<int32_t> prompt = {1, 40, 77, 261, 99};
-  for (const nlohmann::json& quantizer :
-       {nlohmann::json{{"plugin", "int4"}, {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}},
-        nlohmann::json{{"plugin", "int8"}, {"keep_float", {"*.attn_v.weight"}}}}) {
+  const std::vector<std::pair<nlohmann::json, std::vector<std::string>>> cases = {
+      {{{"plugin", "int4"}, {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}}, {"attn_v"}},
+      {{{"plugin", "int8"}, {"keep_float", {"*.attn_v.weight"}}}, {"attn_v"}},
+      {{{"plugin", "int4"}, {"keep_float", {"*.attn_k.weight", "*.ffn_up.weight"}}}, {"attn_k", "ffn_up"}}};
+  for (const auto& [quantizer, kept_apart] : cases) {
     SCOPED_TRACE(quantizer.dump());
     auto p = test::cpu_pipeline(path, {{"quantizer", quantizer}});
+    Noting noting(p->quantizer());
+    Model model(GgufFile::open(path), p->backend(), noting);
+    for (const std::string& f : noting.fused) {  // what the decode steps below run in one call instead
+      for (const std::string& name : kept_apart) EXPECT_EQ(f.find(name), std::string::npos) << f;
+    }
     p->backend().set_threads(2);
     const auto together = run(p->model(), *p, prompt, 3);
     p->backend().set_threads(1);
