@@ -96,11 +96,16 @@ double median(std::vector<double> v) {
   return v.size() % 2 != 0 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
-std::unique_ptr<Pipeline> pipeline_for(const RooflineCase& c) {
-  PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/" + std::string(c.pipeline));
-  spec.model = model_for(c.weights);
+// The pipeline file on the CPU backend, reading the synthetic 110m stored as `weights`.
+std::unique_ptr<Pipeline> pipeline_from(const std::string& path, DType weights) {
+  PipelineSpec spec = load_pipeline_spec(path);
+  spec.model = model_for(weights);
   spec.backend = "cpu";
   return Pipeline::build(spec, bench::registry());
+}
+
+std::unique_ptr<Pipeline> pipeline_for(const RooflineCase& c) {
+  return pipeline_from(TESSERA_SOURCE_DIR "/pipelines/" + std::string(c.pipeline), c.weights);
 }
 
 void report_shares(benchmark::State& state, const std::vector<double>& shares) {
@@ -110,11 +115,10 @@ void report_shares(benchmark::State& state, const std::vector<double>& shares) {
 }
 
 // The host's placement of the threads, per run: a cache line's round trip between the team's two
-// threads (measure_core_round_trip). On the 2-vCPU EPYC VMs here it is ~60-90 ns with both vCPUs on
-// one CCD (the probe then reads ~35 GB/s) and ~350 ns on two (60-75 GB/s, and every fork, join and
-// claim of a GEMV waits 4x longer). Reported: the round trips' range, and where the runs saw both
-// placements (the slowest round trip over twice the fastest), the medians of `values` over the runs
-// below and above their geometric mean, as <name>_near_cores and <name>_far_cores.
+// threads (measure_core_round_trip, which says what it tells apart). Reported: the round trips'
+// range, and where the runs saw both placements (the slowest round trip over twice the fastest),
+// the medians of `values` over the runs below and above their geometric mean, as
+// <name>_near_cores and <name>_far_cores.
 void report_placements(benchmark::State& state, const std::string& name, const std::vector<double>& values,
                        const std::vector<double>& trips) {
   const auto [fastest, slowest] = std::minmax_element(trips.begin(), trips.end());
@@ -212,10 +216,7 @@ void BM_DecodeVs(benchmark::State& state) {
   std::unique_ptr<Pipeline> pipelines[2];
   double bytes[2];
   for (int i = 0; i < 2; ++i) {
-    PipelineSpec spec = load_pipeline_spec(paths[i]);
-    spec.model = model_for(DType::F32);
-    spec.backend = "cpu";
-    pipelines[i] = Pipeline::build(spec, bench::registry());
+    pipelines[i] = pipeline_from(paths[i], DType::F32);
     bytes[i] = double(pipelines[i]->model().decode_bytes_per_token());
   }
   std::mt19937_64 rng(3);
