@@ -107,6 +107,10 @@ class CpuBackend final : public Backend {
   bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n) override {
     return cpu::gemv_many(x, views, ys, n);
   }
+  bool gemv_shares(const WeightView* views, size_t n) const override { return cpu::gemv_shares(views, n); }
+  void gemv_share(const float* x, const WeightView* views, float* const* ys, size_t n, int t, int nt) override {
+    cpu::gemv_share(x, views, ys, n, t, nt);
+  }
   void prepare_weight(WeightView& w) override {
     cpu::prepare_weight(w);
     // Matrices past half an arena slab (an output head: 24.6 MB in int8, 98 MB in f32 for 110m)

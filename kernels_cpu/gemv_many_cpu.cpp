@@ -4,7 +4,8 @@
 // on a VM whose vCPUs sit on two CCDs (a cache line's round trip ~300 ns) costs several
 // microseconds a GEMV. Here every thread takes its slice of each weight, cut at whole bands or
 // panels, and runs the weight's own kernel on it alone (a region inside a region runs on its
-// caller): each row is computed as its gemm computes it, so the bits are the same.
+// caller): each row is computed as its gemm computes it, so the bits are the same. gemv_share is
+// one thread's part, for a caller that runs a whole layer in one region (core/src/model_decode.cpp).
 #include <algorithm>
 
 #include "kernels_cpu.h"
@@ -41,23 +42,28 @@ WeightView rows_of(const WeightView& w, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n) {
-  if (n < 2 || team_max_threads() < 2) return false;
+bool gemv_shares(const WeightView* views, size_t n) {
   size_t bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     if (slice_rows(views[i]) == 0) return false;
     bytes += size_t(views[i].rows) * dtype_row_bytes(views[i].dtype, views[i].cols);
   }
-  if (bytes < size_t(kParallelStreamBytes)) return false;  // each gemm runs alone
-  team_run([&](int t, int nt) {
-    for (size_t i = 0; i < n; ++i) {
-      const WeightView& w = views[i];
-      const int64_t unit = slice_rows(w);
-      auto first_row = [&](int s) { return s >= nt ? w.rows : w.rows * s / nt / unit * unit; };
-      const int64_t r0 = first_row(t), r1 = first_row(t + 1);
-      if (r1 > r0) gemm(x, 1, rows_of(w, r0, r1), ys[i] + r0);
-    }
-  });
+  return bytes >= size_t(kParallelStreamBytes);  // else a gemm runs alone
+}
+
+void gemv_share(const float* x, const WeightView* views, float* const* ys, size_t n, int t, int nt) {
+  for (size_t i = 0; i < n; ++i) {
+    const WeightView& w = views[i];
+    const int64_t unit = slice_rows(w);
+    auto first_row = [&](int s) { return s >= nt ? w.rows : w.rows * s / nt / unit * unit; };
+    const int64_t r0 = first_row(t), r1 = first_row(t + 1);
+    if (r1 > r0) gemm(x, 1, rows_of(w, r0, r1), ys[i] + r0);
+  }
+}
+
+bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n) {
+  if (n < 2 || team_max_threads() < 2 || !gemv_shares(views, n)) return false;
+  team_run([&](int t, int nt) { gemv_share(x, views, ys, n, t, nt); });
   return true;
 }
 

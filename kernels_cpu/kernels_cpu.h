@@ -157,6 +157,9 @@ void prepare_weight_i4(WeightView& w);
 WeightView i4_rows(const WeightView& w, int64_t r0, int64_t r1);
 // Backend::gemv_many (gemv_many_cpu.cpp).
 bool gemv_many(const float* x, const WeightView* views, float* const* ys, size_t n);
+// Backend::gemv_shares and gemv_share (gemv_many_cpu.cpp): thread t of nt's part of gemv_many.
+bool gemv_shares(const WeightView* views, size_t n);
+void gemv_share(const float* x, const WeightView* views, float* const* ys, size_t n, int t, int nt);
 bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,

@@ -20,6 +20,7 @@
 #include "tessera/device_buffer.h"
 #include "tessera/engine.h"
 #include "tessera/error.h"
+#include "tessera/model.h"
 #include "tessera/pipeline.h"
 #include "tessera/registry.h"
 
@@ -193,6 +194,30 @@ inline GenerationResult run_beside(Pipeline& p, const GenerationRequest& req,
 inline std::vector<GenerationRequest> reseeded(const GenerationRequest& req, int n, uint64_t seed) {
   std::vector<GenerationRequest> out(size_t(n), req);
   for (int i = 0; i < n; ++i) out[size_t(i)].sampling->seed = seed + uint64_t(i);
+  return out;
+}
+
+// Logits of a prompt in one step, then of `decode` more tokens one step each.
+inline std::vector<std::vector<float>> forward_steps(Model& model, Pipeline& p, const std::vector<int32_t>& prompt,
+                                                     int decode) {
+  Cache& cache = p.cache();
+  const SeqId seq = 4242;
+  CacheRequest req{seq, int64_t(prompt.size()) + decode, prompt, "test", false};
+  auto plan = cache.plan(std::span<const CacheRequest>(&req, 1));
+  if (!plan) throw Error("forward_steps: the cache cannot hold " + std::to_string(req.total_tokens) + " tokens");
+  cache.commit(*plan);
+  std::vector<std::vector<float>> out;
+  ForwardSeq fs{seq, prompt, 0, int64_t(prompt.size())};
+  std::vector<float> logits;
+  model.forward(std::span<const ForwardSeq>(&fs, 1), p.attention(), cache, logits);
+  out.push_back(logits);
+  for (int i = 0; i < decode; ++i) {
+    const std::vector<int32_t> next = {int32_t((100 + 97 * i) % model.config().vocab)};
+    ForwardSeq step{seq, next, int64_t(prompt.size()) + i, 1};
+    model.forward(std::span<const ForwardSeq>(&step, 1), p.attention(), cache, logits);
+    out.push_back(logits);
+  }
+  cache.release(seq);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "model_parts.h"
 #include "tessera/error.h"
 
 namespace tessera {
@@ -67,29 +68,6 @@ ModelConfig read_model_config(const GgufFile& file) {
   c.tied_output = file.find_tensor("output.weight") == nullptr;
   return c;
 }
-
-struct Model::Layer {
-  DeviceBuffer attn_norm, ffn_norm;
-  // q|k|v and gate|up as one Linear each where the quantizer stores the parts alike (wq, wk, wv,
-  // w_gate, w_up are then null); else q|k where those two are alike (v stored otherwise, e.g.
-  // kept in float or given more bits: two GEMVs instead of three).
-  std::unique_ptr<Linear> wqkv, wqk, w_gate_up;
-  std::unique_ptr<Linear> wq, wk, wv, wo, w_gate, w_up, w_down;
-};
-
-struct Model::Scratch {
-  int64_t capacity = 0;  // tokens
-  int64_t logit_capacity = 0;
-  DeviceBuffer x, xb, q, k, v, att, hb, hb2, qkv, gate_up, logits;
-  // A step's token ids, positions, KV slots, sequence descriptors and block tables, uploaded as one
-  // buffer (one copy, one wait on a device), each part at a 64-byte aligned offset.
-  DeviceBuffer step;
-  const int32_t *ids = nullptr, *positions = nullptr, *slots = nullptr, *block_tables = nullptr;
-  const AttentionSeqDesc* seqs = nullptr;
-  std::vector<uint8_t> host_step;
-  std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
-  std::vector<AttentionSeqDesc> host_seqs;
-};
 
 namespace {
 
@@ -232,6 +210,7 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
   } else {
     output_ = linear("output.weight", c.vocab, c.dim);
   }
+  layers_share_gemvs_ = layers_share_gemvs();
 }
 
 Model::~Model() = default;
@@ -428,7 +407,8 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   }
 
   backend_.embedding(embedding_, ids, T, x);
-  for (int64_t l = 0; l < layers; ++l) {
+  const bool decoded = T == 1 && decode_in_few_regions(step, attention, cache, layers);
+  for (int64_t l = 0; l < layers && !decoded; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     backend_.rms_norm(x, L.attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     float* q = s.q.as<float>();

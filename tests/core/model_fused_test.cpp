@@ -37,30 +37,6 @@ class Apart final : public Quantizer {
   Quantizer& inner_;
 };
 
-// Logits of a prompt in one step, then of `decode` more tokens one step each.
-std::vector<std::vector<float>> run(Model& model, Pipeline& p, const std::vector<int32_t>& prompt, int decode) {
-  Cache& cache = p.cache();
-  const SeqId seq = 4242;
-  CacheRequest req{seq, int64_t(prompt.size()) + decode, prompt, "test", false};
-  auto plan = cache.plan(std::span<const CacheRequest>(&req, 1));
-  EXPECT_TRUE(plan.has_value());
-  if (!plan) return {};
-  cache.commit(*plan);
-  std::vector<std::vector<float>> out;
-  ForwardSeq fs{seq, prompt, 0, int64_t(prompt.size())};
-  std::vector<float> logits;
-  model.forward(std::span<const ForwardSeq>(&fs, 1), p.attention(), cache, logits);
-  out.push_back(logits);
-  for (int i = 0; i < decode; ++i) {
-    const std::vector<int32_t> next = {int32_t(100 + 97 * i)};
-    ForwardSeq step{seq, next, int64_t(prompt.size()) + i, 1};
-    model.forward(std::span<const ForwardSeq>(&step, 1), p.attention(), cache, logits);
-    out.push_back(logits);
-  }
-  cache.release(seq);
-  return out;
-}
-
 TEST(ModelFused, GivesTheBitsOfSeparateLinears) {
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 313};
   for (const auto& [model, quantizer] : std::vector<std::pair<std::string, nlohmann::json>>{
@@ -73,8 +49,8 @@ TEST(ModelFused, GivesTheBitsOfSeparateLinears) {
     Model separate(GgufFile::open(model), p->backend(), apart);
     EXPECT_EQ(separate.weight_formats(), p->model().weight_formats()) << "every weight stored alike";
     EXPECT_EQ(separate.weight_bytes(), p->model().weight_bytes());
-    const auto fused_logits = run(p->model(), *p, prompt, 3);
-    const auto separate_logits = run(separate, *p, prompt, 3);
+    const auto fused_logits = test::forward_steps(p->model(), *p, prompt, 3);
+    const auto separate_logits = test::forward_steps(separate, *p, prompt, 3);
     ASSERT_EQ(fused_logits.size(), separate_logits.size());
     for (size_t i = 0; i < fused_logits.size(); ++i) {
       ASSERT_FALSE(fused_logits[i].empty());
@@ -124,8 +100,8 @@ TEST(ModelFused, QueryAndKeyJoinWhereTheValueIsStoredOtherwise) {
     Model separate(GgufFile::open(test::kStoriesF32), p->backend(), apart);
     EXPECT_EQ(separate.linear_names(), joined.linear_names());
     EXPECT_EQ(separate.linear_formats(), joined.linear_formats());
-    const auto joined_logits = run(joined, *p, prompt, 3);
-    const auto separate_logits = run(separate, *p, prompt, 3);
+    const auto joined_logits = test::forward_steps(joined, *p, prompt, 3);
+    const auto separate_logits = test::forward_steps(separate, *p, prompt, 3);
     ASSERT_EQ(joined_logits.size(), separate_logits.size());
     for (size_t i = 0; i < joined_logits.size(); ++i) {
       ASSERT_FALSE(joined_logits[i].empty());
@@ -159,9 +135,9 @@ TEST(ModelFused, WeightsStoredApartRunInOneCallWithTheSameBits) {
       for (const std::string& name : kept_apart) EXPECT_EQ(f.find(name), std::string::npos) << f;
     }
     p->backend().set_threads(2);
-    const auto together = run(p->model(), *p, prompt, 3);
+    const auto together = test::forward_steps(p->model(), *p, prompt, 3);
     p->backend().set_threads(1);
-    const auto alone = run(p->model(), *p, prompt, 3);
+    const auto alone = test::forward_steps(p->model(), *p, prompt, 3);
     p->backend().set_threads(2);
     ASSERT_EQ(together.size(), alone.size());
     for (size_t i = 0; i < together.size(); ++i) {
@@ -179,8 +155,8 @@ TEST(ModelFused, FloatWeightsGiveTheSeparateLogitsToFloatRounding) {
     auto p = test::cpu_pipeline(test::kStoriesF32, {{"quantizer", {{"plugin", "none"}, {"dtype", dtype}}}});
     Apart apart(p->quantizer());
     Model separate(GgufFile::open(test::kStoriesF32), p->backend(), apart);
-    const auto fused_logits = run(p->model(), *p, prompt, 3);
-    const auto separate_logits = run(separate, *p, prompt, 3);
+    const auto fused_logits = test::forward_steps(p->model(), *p, prompt, 3);
+    const auto separate_logits = test::forward_steps(separate, *p, prompt, 3);
     ASSERT_EQ(fused_logits.size(), separate_logits.size());
     for (size_t i = 0; i < fused_logits.size(); ++i) {
       ASSERT_EQ(fused_logits[i].size(), separate_logits[i].size());

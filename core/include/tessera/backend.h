@@ -143,6 +143,19 @@ class Backend {
     (void)x, (void)views, (void)ys, (void)n;
     return false;
   }
+  // A decode step's layer in one parallel region (thread_team.h) instead of a region per op, for
+  // host backends whose ops run on the calling thread alone inside a region: gemv_share is thread
+  // t of nt's share of gemv_many(x, views, ys, n) (each weight's rows dealt out, the bits of its
+  // gemm), computed on the calling thread; the caller puts a barrier before anything reads a ys
+  // whole. Only for weights gemv_shares() takes together: formats it cuts into rows, enough bytes
+  // to be worth the threads. The default takes none.
+  virtual bool gemv_shares(const WeightView* views, size_t n) const {
+    (void)views, (void)n;
+    return false;
+  }
+  virtual void gemv_share(const float* x, const WeightView* views, float* const* ys, size_t n, int t, int nt) {
+    (void)x, (void)views, (void)ys, (void)n, (void)t, (void)nt;
+  }
   // Called once for each weight a Linear owns, after it was written to the device row-major: the
   // backend may rearrange the bytes in place (same size) into the layout its gemm streams fastest
   // and mark `w` (kernel_variant bits it owns) so that gemm knows. Only gemm ever sees such a view;

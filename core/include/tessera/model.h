@@ -83,10 +83,22 @@ class Model {
   // for those layers only).
   void forward(std::span<const ForwardSeq> batch, Attention& attention, Cache& cache,
                std::vector<float>& logits, int64_t n_layers = 0);
+  // Whether a one-token step on two or more host threads runs each layer in one parallel region,
+  // its GEMVs dealt out by rows (the backend takes every layer's weights for Backend::gemv_share),
+  // instead of a region per op.
+  bool decodes_in_layer_regions() const { return layers_share_gemvs_; }
+
+ // Public so that model_decode.cpp's helpers can name it; defined in model_parts.h.
+  struct Layer;
 
  private:
-  struct Layer;
   void upload_step(std::span<const ForwardSeq> batch, Cache& cache);
+  // One token's layers with each GEMV shared out over the host thread team inside a region that
+  // spans from one attention to the next (Backend::gemv_share), where the backend takes every
+  // Linear of the layers; false, with nothing run, otherwise.
+  bool decode_in_few_regions(const AttentionStep& step, Attention& attention, Cache& cache, int64_t layers);
+  // Whether the backend takes every layer's GEMVs for gemv_share (and each Linear runs as gemm).
+  bool layers_share_gemvs() const;
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;
@@ -102,6 +114,7 @@ class Model {
   std::vector<std::string> formats_;
   std::vector<std::string> linear_names_;
   bool any_fused_ = false;  // some layer runs q|k|v or gate|up as one Linear
+  bool layers_share_gemvs_ = false;
 
   // Per-step scratch, grown on demand.
   struct Scratch;

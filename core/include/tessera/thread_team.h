@@ -1,6 +1,7 @@
 // The threads the CPU kernels' parallel regions run on: the caller and a pool of workers that
-// spin between regions for a while (kIdleSpin) before they sleep. A decode token on the CPU forks
-// ~60 regions (GEMVs, attention); an OpenMP region cost ~3.3 us to fork and join on the 2-vCPU VMs
+// spin between regions for a while (kIdleSpin) before they sleep. A decode token on the CPU forked
+// ~60 regions (GEMVs, attention; now ~25, a layer's GEMVs in one, model_decode.cpp); an OpenMP
+// region cost ~3.3 us to fork and join on the 2-vCPU VMs
 // here where handing a region to a spinning worker and waiting for it costs ~0.75 us, and
 // OpenMP's idle workers spin for milliseconds, taking the core from another process that shares it.
 // The thread count is OpenMP's for the calling thread (OMP_NUM_THREADS, omp_set_num_threads), so

@@ -1,0 +1,75 @@
+// A one-token step on two or more threads runs each layer in one parallel region, its GEMVs dealt
+// out by rows between barriers (model_decode.cpp), where the backend takes every layer's weights;
+// the logits must be the bits of one thread, where each op runs alone. The weights must be large
+// enough to be shared out (stories260K's are not): a synthetic model with dim 768 and 4 kv heads.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tessera/model.h"
+#include "tessera/synth.h"
+
+namespace tessera {
+namespace {
+
+class ModelDecode : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    SynthSpec spec;
+    spec.preset = "custom";
+    spec.dim = 768, spec.ffn_dim = 1024, spec.n_layers = 2, spec.n_heads = 12, spec.n_kv_heads = 4;
+    spec.vocab = 300, spec.context_length = 64, spec.seed = 11;
+    write_synthetic_model(spec, path());
+  }
+  static void TearDownTestSuite() { std::filesystem::remove(path()); }
+  // Per process: ctest runs this suite's tests in parallel processes.
+  static std::string path() {
+    return testing::TempDir() + "/tessera_model_decode_768_" + std::to_string(getpid()) + ".gguf";
+  }
+};
+
+TEST_F(ModelDecode, LayerRegionsGiveTheBitsOfOneThread) {
+  const std::vector<int32_t> prompt = {1, 40, 77, 261, 99};
+  for (const nlohmann::json& quantizer : {
+           // int4 q|k, v in int8 (pipelines/int4.yaml), GQA
+           nlohmann::json{{"plugin", "int4"}, {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}},
+           nlohmann::json{{"plugin", "int8"}},  // q|k|v and gate|up fused, int8 panels
+           nlohmann::json{{"plugin", "none"}},  // f32 panels
+           // q, k and v apart, gate and up apart, in layer 0 only: each layer's outputs its own
+           nlohmann::json{{"plugin", "int4"}, {"keep_float", {"blk.0.attn_k.weight", "blk.0.ffn_up.weight"}}},
+       }) {
+    SCOPED_TRACE(quantizer.dump());
+    auto p = test::cpu_pipeline(path(), {{"quantizer", quantizer}});
+    EXPECT_TRUE(p->model().decodes_in_layer_regions());
+    p->backend().set_threads(2);
+    const auto together = test::forward_steps(p->model(), *p, prompt, 3);
+    p->backend().set_threads(1);
+    const auto alone = test::forward_steps(p->model(), *p, prompt, 3);
+    p->backend().set_threads(2);
+    ASSERT_EQ(together.size(), alone.size());
+    for (size_t i = 0; i < together.size(); ++i) {
+      ASSERT_FALSE(together[i].empty());
+      EXPECT_EQ(together[i], alone[i]) << (i == 0 ? "the prompt step" : "decode step " + std::to_string(i));
+    }
+  }
+}
+
+// Formats the CPU backend cannot cut into rows (GGUF blocks), or weights too small to share out,
+// keep a region per op.
+TEST_F(ModelDecode, OtherWeightsKeepARegionPerOp) {
+  EXPECT_FALSE(test::cpu_pipeline(test::kStoriesF32)->model().decodes_in_layer_regions()) << "stories260K: small";
+  EXPECT_FALSE(test::cpu_pipeline(path(), {{"quantizer", {{"plugin", "none"}, {"dtype", "f16"}}}})
+                   ->model()
+                   .decodes_in_layer_regions())
+      << "f16";
+}
+
+}  // namespace
+}  // namespace tessera
