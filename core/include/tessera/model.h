@@ -88,10 +88,8 @@ class Model {
   // instead of a region per op.
   bool decodes_in_layer_regions() const { return layers_share_gemvs_; }
 
- // Public so that model_decode.cpp's helpers can name it; defined in model_parts.h.
-  struct Layer;
-
  private:
+  struct Layer;  // model_parts.h
   void upload_step(std::span<const ForwardSeq> batch, Cache& cache);
   // One token's layers with each GEMV shared out over the host thread team inside a region that
   // spans from one attention to the next (Backend::gemv_share), where the backend takes every
