@@ -201,6 +201,7 @@ void describe(PipelineRun& r, Pipeline& p) {
   r.device = devices.empty() ? "" : devices.front().name;
   r.model_path = p.model_path();
   r.weight_formats = p.model().weight_formats();
+  r.decode_regions = p.model().decodes_in_layer_regions() ? "per layer" : "per op";
   r.model = p.model().config();
   r.weight_bytes = p.model().weight_bytes();
   r.greedy = p.decoder().default_params().temperature == 0;

@@ -117,6 +117,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
   m["model"] = {{"path", run.model_path},
                 {"name", run.model.name},
                 {"weights", run.weight_formats},
+                {"decode_regions", run.decode_regions},
                 {"weight_bytes", run.weight_bytes},
                 {"context", run.model.context_length}};
   if (http) {
@@ -127,7 +128,8 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
                    {"usage_missing", run.usage_missing},
                    {"itl_basis", "chunks"},
                    {"metrics", run.server_metrics}};
-    m["model"] = {{"path", nullptr}, {"name", run.served_model}, {"weights", nullptr}, {"weight_bytes", nullptr},
+    m["model"] = {{"path", nullptr}, {"name", run.served_model}, {"weights", nullptr}, {"decode_regions", nullptr},
+                  {"weight_bytes", nullptr},
                   {"context", nullptr}};
   }
   m["build_seconds"] = http ? json(nullptr) : json(run.build_seconds);

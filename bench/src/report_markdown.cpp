@@ -219,7 +219,13 @@ std::string render_markdown(const json& r) {
   out << "\nPipelines:\n\n";
   for (const auto& p : r["pipelines"]) {
     out << "- " << str(p["name"]) << ": " << str(p["file"]);
-    if (p["status"] == "ok") out << " (" << str(p["pipeline"]) << ", " << str(at(p, {"model", "weights"})) << ")";
+    if (p["status"] == "ok") {
+      out << " (" << str(p["pipeline"]) << ", " << str(at(p, {"model", "weights"}));
+      if (const json& regions = at(p, {"model", "decode_regions"}); regions.is_string()) {
+        out << ", decode regions " << str(regions);
+      }
+      out << ")";
+    }
     out << "\n";
   }
   return out.str();

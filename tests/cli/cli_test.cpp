@@ -483,6 +483,7 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
     EXPECT_TRUE((*p)["prefix"].contains("hit_rate"));
     EXPECT_TRUE((*p)["draft"]["acceptance"].is_null());
     EXPECT_EQ((*p)["requests"]["completed"], 6);
+    EXPECT_EQ((*p)["model"]["decode_regions"], "per op") << "stories260K's weights are too small to share out";
     EXPECT_EQ((*p)["throughput"]["output_tokens"], r["workload"]["trace"]["output_tokens"]);
     EXPECT_TRUE((*p)["classes"].contains("short"));
     EXPECT_TRUE((*p)["users"].contains("user0"));

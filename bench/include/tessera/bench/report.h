@@ -26,6 +26,8 @@ struct PipelineRun {
   std::string device;  // the backend's first device as it names itself (for the CPU: model and ISA)
   std::string model_path;
   std::string weight_formats;
+  // How a one-token step runs on the host: "per layer" (Model::decodes_in_layer_regions), "per op".
+  std::string decode_regions;
   ModelConfig model;
   size_t weight_bytes = 0;
   bool greedy = false;  // the decoder's default is greedy: outputs can be compared token by token
