@@ -8,6 +8,7 @@
 // one thread's part, for a caller that runs a whole layer in one region (core/src/model_decode.cpp).
 #include <algorithm>
 
+#include "gemm_blocks_cpu.h"
 #include "kernels_cpu.h"
 #include "panel_out_cpu.h"
 #include "tessera/thread_team.h"
@@ -26,6 +27,9 @@ int64_t slice_rows(const WeightView& w) {
       return (w.kernel_variant & kI8PackedPanels) != 0 ? PanelOut::kPanelColumns : 0;
     case DType::F32:
       return PanelOut::kPanelColumns;  // panels of 16 rows, row-major rows after them
+    case DType::Q8_0:  // the file's blocks in bands of 8 rows, then a tile of 4 and rows
+    case DType::Q4_0:
+      return (w.kernel_variant & kBlockBandsPacked) != 0 ? kRowsPerBand : 0;
     default:
       return 0;
   }
