@@ -296,8 +296,9 @@ TEST(CpuGemm, QuantizedFormatsGiveTheSameBitsOnOneThreadOrFourAloneOrInABatch) {
 
 // gemv_many runs several weights' GEMVs in one parallel region, each thread on a slice of each cut
 // at whole bands or panels: every output is the bits of the weight's own gemm, whatever the rows
-// left after the last whole band or panel, on two threads or four; one thread, a format it cannot
-// slice, or weights too small to share out are declined with nothing written.
+// left after the last whole band or panel (GGUF Q8_0's bands of 8 too), on two threads or four; one
+// thread, a format it cannot slice, or weights too small to share out are declined with nothing
+// written.
 TEST(CpuGemm, GemvManyGivesEachWeightsOwnBitsInOneRegion) {
   const int64_t k = 768;
   struct Part {
@@ -354,14 +355,25 @@ TEST(CpuGemm, GemvManyGivesEachWeightsOwnBitsInOneRegion) {
   EXPECT_FALSE(run_many(2, got)) << "one thread: each gemm runs alone anyway";
   EXPECT_EQ(got[0], std::vector<float>(got[0].size(), 0.0f)) << "nothing written";
   cpu_backend().set_threads(2);
-  const std::vector<float> q8(size_t(96 * k), 0.25f);
-  std::vector<uint8_t> stored(dtype_row_bytes(DType::Q8_0, k) * 96);
-  for (int64_t r = 0; r < 96; ++r) quantize_row(DType::Q8_0, q8.data() + r * k, stored.data() + r * dtype_row_bytes(DType::Q8_0, k), k);
+  // GGUF Q8_0 blocks in bands of 8 rows, then a tile of 4 rows: sliced at the bands.
+  const int64_t q8_rows = 1028;
+  const std::vector<float> q8 = random_floats(size_t(q8_rows * k), 41);
+  std::vector<uint8_t> stored(dtype_row_bytes(DType::Q8_0, k) * q8_rows);
+  for (int64_t r = 0; r < q8_rows; ++r) {
+    quantize_row(DType::Q8_0, q8.data() + r * k, stored.data() + r * dtype_row_bytes(DType::Q8_0, k), k);
+  }
   auto gguf = test::plugins().create<Quantizer>("gguf", nlohmann::json::object(), "test");
-  auto q8_linear = gguf->make_linear(cpu_backend(), WeightSource{"blk.0.attn_v.weight", DType::Q8_0, stored.data(), 96, k});
+  auto q8_linear =
+      gguf->make_linear(cpu_backend(), WeightSource{"blk.0.attn_v.weight", DType::Q8_0, stored.data(), q8_rows, k});
   const WeightView saved = views[1];
   views[1] = q8_linear->view();
-  EXPECT_FALSE(run_many(2, got)) << "Q8_0 blocks: not sliced";
+  ASSERT_TRUE(run_many(2, got)) << "Q8_0 bands";
+  EXPECT_EQ(got[1], test::linear_forward(*q8_linear, x, 1)) << "Q8_0";
+  // f16 rows: not sliced.
+  auto f16 = test::plugins().create<Quantizer>("none", {{"dtype", "f16"}}, "test");
+  auto f16_linear = f16->make_linear(cpu_backend(), WeightSource{"blk.0.attn_v.weight", DType::F32, q8.data(), 256, k});
+  views[1] = f16_linear->view();
+  EXPECT_FALSE(run_many(2, got)) << "f16 rows: not sliced";
   views[1] = saved;
   views[0] = views[1] = views[3];  // two small weights
   EXPECT_FALSE(run_many(2, got)) << "too few bytes to share out";
