@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -219,6 +220,17 @@ inline std::vector<std::vector<float>> forward_steps(Model& model, Pipeline& p, 
   }
   cache.release(seq);
   return out;
+}
+
+// forward_steps on two threads and on one: {two, one} (the backend is left on two threads).
+inline std::pair<std::vector<std::vector<float>>, std::vector<std::vector<float>>> forward_steps_on_two_and_one(
+    Model& model, Pipeline& p, const std::vector<int32_t>& prompt, int decode) {
+  p.backend().set_threads(2);
+  auto two = forward_steps(model, p, prompt, decode);
+  p.backend().set_threads(1);
+  auto one = forward_steps(model, p, prompt, decode);
+  p.backend().set_threads(2);
+  return {std::move(two), std::move(one)};
 }
 
 }  // namespace tessera::test

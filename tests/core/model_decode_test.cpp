@@ -55,11 +55,7 @@ TEST_F(ModelDecode, LayerRegionsGiveTheBitsOfOneThread) {
     SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + quantizer.dump());
     auto p = test::cpu_pipeline(path(dtype), {{"quantizer", quantizer}});
     EXPECT_TRUE(p->model().decodes_in_layer_regions());
-    p->backend().set_threads(2);
-    const auto together = test::forward_steps(p->model(), *p, prompt, 3);
-    p->backend().set_threads(1);
-    const auto alone = test::forward_steps(p->model(), *p, prompt, 3);
-    p->backend().set_threads(2);
+    const auto [together, alone] = test::forward_steps_on_two_and_one(p->model(), *p, prompt, 3);
     ASSERT_EQ(together.size(), alone.size());
     for (size_t i = 0; i < together.size(); ++i) {
       ASSERT_FALSE(together[i].empty());

@@ -134,11 +134,7 @@ TEST(ModelFused, WeightsStoredApartRunInOneCallWithTheSameBits) {
     for (const std::string& f : noting.fused) {  // what the decode steps below run in one call instead
       for (const std::string& name : kept_apart) EXPECT_EQ(f.find(name), std::string::npos) << f;
     }
-    p->backend().set_threads(2);
-    const auto together = test::forward_steps(p->model(), *p, prompt, 3);
-    p->backend().set_threads(1);
-    const auto alone = test::forward_steps(p->model(), *p, prompt, 3);
-    p->backend().set_threads(2);
+    const auto [together, alone] = test::forward_steps_on_two_and_one(p->model(), *p, prompt, 3);
     ASSERT_EQ(together.size(), alone.size());
     for (size_t i = 0; i < together.size(); ++i) {
       ASSERT_FALSE(together[i].empty());
