@@ -81,14 +81,14 @@ bool Model::layers_share_gemvs() const {
 }
 
 bool Model::decode_in_few_regions(const AttentionStep& step, Attention& attention, Cache& cache, int64_t layers) {
-  if (!layers_share_gemvs_ || team_max_threads() < 2) return false;
+  const int threads = team_max_threads();
+  if (!layers_share_gemvs_ || threads < 2) return false;
   const ModelConfig& c = config_;
   Scratch& s = *scratch_;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;
   // Each thread's x, xb and hb, 64-byte aligned, then the output o and down share.
   const int64_t dim_floats = (c.dim + 15) / 16 * 16, ffn_floats = (c.ffn_dim + 15) / 16 * 16;
   const int64_t per_thread = 2 * dim_floats + ffn_floats;
-  const int threads = team_max_threads();
   if (s.team_threads < threads) {
     s.team = DeviceBuffer(backend_, size_t(per_thread * threads + dim_floats) * 4);
     s.team_threads = threads;
