@@ -461,14 +461,15 @@ void HttpServer::generate(Endpoint endpoint, const std::string& body, const http
     const int connection = connection_socket(req.local_port, req.remote_addr, req.remote_port);
     bool gone = false;  // the client closed its connection: nobody to answer
     while (!result) {
-      handle->wait(std::chrono::milliseconds(50), text, result);
-      if (!result && !gone && connection >= 0 && peer_closed(connection)) {
+      if (!gone && (connection == kConnectionReset || (connection >= 0 && peer_closed(connection)))) {
         gone = true;
         engine_.cancel(handle->id());
       }
+      handle->wait(std::chrono::milliseconds(50), text, result);
     }
     metrics_.observe(user, *result);
     if (gone) {
+      res.status = 499;  // nginx's "client closed request", for the route's count; nobody reads it
       metrics_.count_user(user, 499);
       return;
     }

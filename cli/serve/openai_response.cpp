@@ -12,12 +12,22 @@ json bytes_of(const std::string& s) {
   return b;
 }
 
+// The tokens that make up the answer's text: those that start before its end. A matched stop string
+// cuts the text, and the tokens that brought it (or follow it in the same step) are not part of the
+// answer: their logprobs would not line up with the text (usage still counts every generated token).
+size_t answer_tokens(const GenerationResult& r, const Tokenizer& tok) {
+  if (r.reason != FinishReason::stop) return r.tokens.size();
+  size_t offset = 0, n = 0;
+  while (n < r.tokens.size() && offset < r.text.size()) offset += tok.token_to_piece(r.tokens[n++]).size();
+  return n;
+}
+
 // Completions' legacy shape: parallel arrays of tokens, their logprobs, the top alternatives and the
 // offset of each token in the text.
 json completion_logprobs(const GenerationResult& r, const Tokenizer& tok) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   size_t offset = 0;
-  for (size_t i = 0; i < r.tokens.size(); ++i) {
+  for (size_t i = 0, n = answer_tokens(r, tok); i < n; ++i) {
     const std::string piece = tok.token_to_piece(r.tokens[i]);
     tokens.push_back(piece);
     lps.push_back(i < r.logprobs.size() ? json(r.logprobs[i]) : json());
@@ -34,7 +44,7 @@ json completion_logprobs(const GenerationResult& r, const Tokenizer& tok) {
 
 json chat_logprobs(const GenerationResult& r, const Tokenizer& tok) {
   json content = json::array();
-  for (size_t i = 0; i < r.tokens.size(); ++i) {
+  for (size_t i = 0, n = answer_tokens(r, tok); i < n; ++i) {
     const std::string piece = tok.token_to_piece(r.tokens[i]);
     json top = json::array();
     if (i < r.top_logprobs.size()) {

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 namespace tessera::serve {
@@ -39,11 +40,19 @@ int connection_socket(int local_port, const std::string& remote_addr, int remote
     if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
     sockaddr_storage self{}, peer{};
     socklen_t self_len = sizeof self, peer_len = sizeof peer;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &self_len) != 0 ||
-        getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
-      continue;  // not a connected socket
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &self_len) != 0 || port_of(self) != local_port) {
+      continue;  // not a socket of this port
     }
-    if (port_of(self) == local_port && port_of(peer) == remote_port && host_of(peer, peer_len) == remote_addr) {
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+      // The listener has no peer either; an accepted socket without one was reset by its client.
+      const int error = errno;
+      int listening = 0;
+      socklen_t len = sizeof listening;
+      const bool listener = getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0;
+      if (error == ENOTCONN && !listener) found = kConnectionReset;
+      continue;
+    }
+    if (port_of(peer) == remote_port && host_of(peer, peer_len) == remote_addr) {
       found = int(fd);
       break;
     }

@@ -8,7 +8,12 @@
 
 namespace tessera::serve {
 
-// The socket with this local port and this peer (as httplib's Request gives them); -1 when none is.
+// Returned by connection_socket where the connection is gone already: a client that reset it
+// (SO_LINGER 0, a killed process) leaves a socket with no peer, which no lookup by peer can find.
+inline constexpr int kConnectionReset = -2;
+
+// The socket with this local port and this peer (as httplib's Request gives them); kConnectionReset
+// when there is none but a connected socket on that port has lost its peer; -1 when neither.
 int connection_socket(int local_port, const std::string& remote_addr, int remote_port);
 
 // Whether the peer has closed the connection, or it failed.

@@ -1,5 +1,10 @@
 // Parts of `tessera serve` in-process: the pipeline's server: section, chat templates, request
 // parsing details and the helpers streaming relies on.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "serve/api_error.h"
@@ -7,6 +12,7 @@
 #include "serve/metrics.h"
 #include "serve/openai_request.h"
 #include "serve/openai_response.h"
+#include "serve/peer_socket.h"
 #include "tessera/error.h"
 #include "tessera/gguf.h"
 #include "tessera/pipeline_spec.h"
@@ -185,6 +191,53 @@ TEST(StreamingHelpers, MetricsEscapeLabelValuesAndCapUsers) {
   for (size_t i = 0; i < serve::ServerMetrics::kMaxUsers + 10; ++i) m.count_user("u" + std::to_string(i), 200);
   const std::string page = m.render({}, 0);
   EXPECT_NE(page.find("tessera_user_requests_total{user=\"_other\",status=\"200\"} 10"), std::string::npos);
+}
+
+
+// Loopback sockets: a listener, a client connected to it and the accepted end.
+struct SocketPair {
+  int listener = -1, client = -1, accepted = -1, port = 0, client_port = 0;
+  SocketPair() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(listener, 4) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw Error("loopback listener failed");
+    }
+    port = ntohs(a.sin_port);
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw Error("connect failed");
+    accepted = accept(listener, nullptr, nullptr);
+    sockaddr_in c{};
+    len = sizeof c;
+    getsockname(client, reinterpret_cast<sockaddr*>(&c), &len);
+    client_port = ntohs(c.sin_port);
+  }
+  ~SocketPair() {
+    for (int fd : {listener, client, accepted}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+};
+
+TEST(PeerSocket, FindsTheConnectionAndTellsAResetOneFromNone) {
+  SocketPair s;
+  ASSERT_GE(s.accepted, 0);
+  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port), s.accepted);
+  EXPECT_FALSE(serve::peer_closed(s.accepted));
+  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port + 1 == s.port ? s.client_port + 2 : s.client_port + 1), -1)
+      << "another peer's connection is not this one, and none was reset";
+  // The client resets: the accepted socket loses its peer, so no lookup by peer finds it.
+  const linger abort{1, 0};
+  setsockopt(s.client, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+  close(s.client);
+  s.client = -1;
+  for (int i = 0; i < 100 && !serve::peer_closed(s.accepted); ++i) usleep(1000);
+  EXPECT_TRUE(serve::peer_closed(s.accepted));
+  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port), serve::kConnectionReset);
 }
 
 }  // namespace

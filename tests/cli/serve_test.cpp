@@ -98,6 +98,41 @@ TEST_F(Serve, CompletionLogprobsAreGivenPerToken) {
   EXPECT_EQ(joined, r["choices"][0]["text"]);
 }
 
+TEST_F(Serve, LogprobsEndWithTheTextAtAStopString) {
+  // The stop string spans tokens and is matched only at its last: the text ends before "named",
+  // and the tokens from there on are not part of the answer, in either endpoint's logprobs (usage
+  // still counts every generated token).
+  auto c = server_->client();
+  const json r =
+      post_json(c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 12}, {"stop", "named Lily."}, {"logprobs", 1}});
+  ASSERT_EQ(r["choices"][0]["text"], ", there was a little girl ") << r.dump();
+  const std::string text = r["choices"][0]["text"];
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_FALSE(lp["tokens"].empty()) << r.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["text_offset"].size(), lp["tokens"].size());
+  std::string joined;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    EXPECT_LT(joined.size(), text.size()) << "token " << i << " starts past the text: " << r.dump();
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined.substr(0, text.size()), text);  // the last token may run past the cut
+  EXPECT_GT(r["usage"]["completion_tokens"].get<size_t>(), lp["tokens"].size());
+
+  const json chat = post_json(c, "/v1/chat/completions",
+                              {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+                               {"max_tokens", 12}, {"stop", " "}, {"logprobs", true}});
+  const std::string content = chat["choices"][0]["message"]["content"];
+  ASSERT_EQ(chat["choices"][0]["finish_reason"], "stop") << chat.dump();
+  std::string chat_joined;
+  for (const json& t : chat["choices"][0]["logprobs"]["content"]) {
+    EXPECT_LT(chat_joined.size(), content.size() + (content.empty() ? 1 : 0)) << chat.dump();
+    chat_joined += t["token"].get<std::string>();
+  }
+  EXPECT_EQ(chat_joined.substr(0, content.size()), content);
+}
+
 TEST_F(Serve, ChatUsesTheDefaultTemplateWithoutOneInTheModel) {
   auto c = server_->client();
   const json messages = {{{"role", "system"}, {"content", "You tell stories."}},
@@ -566,6 +601,26 @@ TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
     test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
   }  // closed while it generates
   expect_cancelled_and_freed(c, "leaver");
+  // The route counts it as nginx does: 499, the client closed the request.
+  const std::string route = R"(tessera_http_requests_total{route="/v1/completions",status=)";
+  const std::string page = test::wait_for_metrics(
+      c, [&](const std::string& p) { return test::metric(p, route + R"("499"})") == 1; });
+  EXPECT_EQ(test::metric(page, route + R"("499"})"), 1) << page;
+  EXPECT_FALSE(test::metric(page, route + R"("200"})")) << page;
+}
+
+TEST(ServeLimits, ANonStreamingRequestWhoseClientResetsIsCancelled) {
+  // A reset (a killed client, SO_LINGER 0) leaves the server's socket without a peer.
+  test::TempDir dir;
+  ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
+  auto c = server.client();
+  test::RawConnection conn(server.port());
+  json body = json::parse(long_stream(1500, "resetter"));
+  body["stream"] = false;
+  conn.post("/v1/completions", body.dump());
+  test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
+  conn.reset();
+  expect_cancelled_and_freed(c, "resetter");
 }
 
 // Streams `n` requests on raw connections; returns them once each is generating.

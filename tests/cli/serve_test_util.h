@@ -251,6 +251,12 @@ class RawConnection {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  // Closes with a reset (RST) instead of an orderly shutdown, as a killed client does.
+  void reset() {
+    const linger abort{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    close();
+  }
 
  private:
   int fd_ = -1;
