@@ -1,11 +1,27 @@
 // tessera: run, serve, bench, eval and list plugins from the command line.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <iostream>
 
 #include "commands.h"
 #include "tessera/error.h"
 #include "tessera/plugin.h"
+
+namespace {
+
+// A command's exit status, made 1 where its output could not be written (a full disk, a closed
+// pipe): a truncated answer must not look like a complete one.
+int checked_exit(int status) {
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::cerr << "error: could not write the output to standard output (disk full, or the output closed?)\n";
+    return status == 0 ? 1 : status;
+  }
+  return status;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera: a Llama-family inference engine built from runtime-loaded plugins"};
@@ -35,13 +51,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return checked_exit(app.exit(e));
   } catch (const tessera::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    return checked_exit(1);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    return checked_exit(1);
   }
-  return 0;
+  return checked_exit(0);
 }

@@ -262,6 +262,19 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Cli, OutputThatCannotBeWrittenExitsOneAndSaysSo) {
+  // A full disk (/dev/full) must not pass for a complete answer.
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  const auto err = std::filesystem::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
+  for (const std::string cmd : {"run -n 8 hello", "run -n 8 --format json hello", "plugins --format json"}) {
+    const Output o = tessera_cmd(cmd + " >/dev/full 2>'" + err.string() + "'; s=$?; cat '" + err.string() + "'; exit $s");
+    EXPECT_EQ(o.status, 1) << cmd << ": " << o.text;
+    EXPECT_NE(o.text.find("error: could not write the output to standard output"), std::string::npos) << cmd << ": "
+                                                                                                       << o.text;
+  }
+  std::filesystem::remove(err);
+}
+
 TEST(Cli, AQuantizerThatQuantizesNoWeightSaysSo) {
   // stories260K's rows are 64 and 172 long: groups of 128 fit none of them, so every weight stays
   // f32 and the run would otherwise pass for an int4 one.
