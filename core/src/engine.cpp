@@ -1,6 +1,7 @@
 #include "tessera/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <thread>
 
@@ -281,6 +282,18 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     Sequence* s = item_seqs[i];
     const DecodeItem& item = items[i];
     const auto tokens_before = int64_t(s->tokens.size());
+    // An overflow upstream (weights, or activations past f16's range in an f16 KV cache) makes the
+    // logits NaN or infinite, and any token "chosen" from them is noise: fail the request, naming
+    // the cause. The chosen token's logit is the one checked: a NaN row gives a NaN choice.
+    if (!item.tokens.empty() && !std::isfinite(item.logits[item.tokens[0]])) {
+      s->result.error = "the model's logits are not finite (NaN or infinity) at generated token " +
+                        std::to_string(s->result.tokens.size() + 1) + ": its weights or activations overflow" +
+                        (pipeline_.spec().kv_dtype == DType::F16
+                             ? " (the f16 KV cache holds values up to 65504: try kv_dtype f32 or bf16)"
+                             : "");
+      finish(*s, FinishReason::error);
+      continue;
+    }
     FinishReason reason = FinishReason::none;
     for (size_t k = 0; k < item.tokens.size(); ++k) {
       const int32_t tok = item.tokens[k];

@@ -56,6 +56,18 @@ double log_sum_exp(const float* row, int64_t vocab) {
   return std::log(sum) + mx;
 }
 
+// log_sum_exp of a row, refused where it is not finite: NaN or infinite logits (an overflow
+// upstream) would make every figure NaN, and a KL divergence of max(0, NaN) = 0 would claim that
+// two pipelines agree.
+double finite_log_sum_exp(const float* row, int64_t vocab, int64_t position, const std::string& whose) {
+  const double lse = log_sum_exp(row, vocab);
+  if (!std::isfinite(lse)) {
+    throw Error("perplexity: the " + whose + "logits are not finite (NaN or infinity) after token " +
+                std::to_string(position) + " of the text: its weights or activations overflow");
+  }
+  return lse;
+}
+
 // Perplexity's running sums over scored positions.
 struct Scores {
   double nll = 0;
@@ -93,7 +105,7 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
     chunk_logits(pipeline, tokens, c, ctx, logits);
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
       const float* row = logits.data() + j * vocab;
-      scores.add(row, vocab, tokens[size_t(c * ctx + j + 1)], log_sum_exp(row, vocab));
+      scores.add(row, vocab, tokens[size_t(c * ctx + j + 1)], finite_log_sum_exp(row, vocab, c * ctx + j, "model's "));
     }
   }
   return scores.result(chunks, seconds_since(start));
@@ -122,7 +134,8 @@ BaselineComparison compare_with_baseline(Pipeline& pipeline, Pipeline& baseline,
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
       const float* row = logits.data() + j * vocab;
       const float* base_row = base_logits.data() + j * vocab;
-      const double lse = log_sum_exp(row, vocab), base_lse = log_sum_exp(base_row, vocab);
+      const double lse = finite_log_sum_exp(row, vocab, c * ctx + j, "pipeline's "),
+                   base_lse = finite_log_sum_exp(base_row, vocab, c * ctx + j, "baseline's ");
       const int32_t target = tokens[size_t(c * ctx + j + 1)];
       scores.add(row, vocab, target, lse);
       base_scores.add(base_row, vocab, target, base_lse);

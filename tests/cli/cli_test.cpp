@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tessera/gguf.h"
 #include "tessera/plugin.h"
 #include "test_util.h"
 
@@ -273,6 +274,39 @@ TEST(Cli, OutputThatCannotBeWrittenExitsOneAndSaysSo) {
                                                                                                        << o.text;
   }
   std::filesystem::remove(err);
+}
+
+TEST(Cli, LogitsThatOverflowFailTheRequestAndTheEvalNamingTheCause) {
+  // stories260K with output_norm scaled up to float's limit: every weight finite (so the file
+  // loads), the head's sums past it. Greedy argmax over NaN would "choose" token 0 and a KL
+  // divergence of max(0, NaN) read 0.
+  test::TempDir dir;
+  const std::string path = dir.path() + "/overflow.gguf";
+  std::filesystem::copy_file(test::kStoriesF32, path);
+  {
+    const auto file = GgufFile::open(test::kStoriesF32);
+    const GgufTensor* norm = file->find_tensor("output_norm.weight");
+    ASSERT_TRUE(norm != nullptr && norm->dtype == DType::F32);
+    const auto* w = static_cast<const float*>(norm->data);
+    std::vector<float> scaled(w, w + norm->elements());
+    float largest = 0;
+    for (const float x : scaled) largest = std::max(largest, std::abs(x));
+    for (float& x : scaled) x *= 3e38f / largest;
+    std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(std::streamoff(norm->offset));
+    out.write(reinterpret_cast<const char*>(scaled.data()), std::streamsize(scaled.size() * 4));
+  }
+  Output o = tessera_cmd("run -m '" + path + "' -n 4 hello");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("the model's logits are not finite (NaN or infinity) at generated token 1"), std::string::npos)
+      << o.text;
+  o = tessera_cmd("eval -m '" + path + "' --text '" + test::kShared + "/eval/tiny_stories_eval.txt' --ctx 128");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("perplexity: the model's logits are not finite"), std::string::npos) << o.text;
+  o = tessera_cmd("eval --text '" + test::kShared + "/eval/tiny_stories_eval.txt' --ctx 128 --baseline " +
+                  "pipelines/default.yaml --baseline-model '" + path + "'");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("perplexity: the baseline's logits are not finite"), std::string::npos) << o.text;
 }
 
 TEST(Cli, AQuantizerThatQuantizesNoWeightSaysSo) {
