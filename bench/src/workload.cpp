@@ -219,6 +219,12 @@ Workload parse_workload(const std::string& text, const std::string& path) {
   if (root["description"]) w.description = r.text(root["description"], "description");
   if (!root["requests"]) throw Error(path + ": 'requests' (how many requests the trace has) is required");
   w.requests = r.integer(root["requests"], "requests", 1);
+  // The trace and every request's record are held in memory until the report is written.
+  constexpr int64_t kMaxRequests = 1000000;
+  if (w.requests > kMaxRequests) {
+    r.fail(root["requests"], "'requests' is " + std::to_string(w.requests) + "; a trace holds at most " +
+                                 std::to_string(kMaxRequests) + " (each is kept until the report is written)");
+  }
   if (root["seed"]) w.seed = uint64_t(r.integer(root["seed"], "seed", 0));
   if (root["ignore_eos"]) w.ignore_eos = r.boolean(root["ignore_eos"], "ignore_eos");
   if (root["context"]) {
@@ -236,6 +242,15 @@ Workload parse_workload(const std::string& text, const std::string& path) {
     if (!a["rate"]) r.fail(a, "a poisson arrival needs 'rate' (requests per second)");
     if (a["concurrency"]) r.fail(a["concurrency"], "'concurrency' belongs to a closed loop, not a poisson arrival");
     w.arrival.rate = r.number(a["rate"], "arrival.rate", 0, true);
+    // A rate that spreads the trace over more than a day is a typo (per minute for per second?),
+    // not a benchmark: refused here rather than waited out.
+    constexpr double kMaxTraceSeconds = 86400;
+    if (double(w.requests) / w.arrival.rate > kMaxTraceSeconds) {
+      r.fail(a["rate"], "'arrival.rate' " + a["rate"].Scalar() + " requests a second spreads " +
+                            std::to_string(w.requests) + " requests over about " +
+                            std::to_string(int64_t(double(w.requests) / w.arrival.rate)) +
+                            " s, more than a day; the rate is in requests per second");
+    }
   } else {
     w.arrival.process = Arrival::Process::closed;
     if (!a["concurrency"]) r.fail(a, "a closed-loop arrival needs 'concurrency' (clients)");

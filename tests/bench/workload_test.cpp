@@ -78,6 +78,14 @@ TEST(Workload, ErrorsNameFileLineAndField) {
   EXPECT_EQ(error_of(head + "classes: [{name: a, prompt: 8, output: 8}]\nprompts: { path: nowhere.txt }\n"),
             "w.yaml:4: prompt text file 'nowhere.txt' not found");
   EXPECT_EQ(error_of("requests: 4\n  arrival: [\n"), "w.yaml:2: invalid YAML: illegal map value");
+  // Sizes that would exhaust memory or wait for years are refused, not run.
+  const std::string one_class = "classes: [{name: a, prompt: 8, output: 8}]\n";
+  EXPECT_EQ(error_of("requests: 100000000000\narrival: { process: closed, concurrency: 2 }\n" + one_class),
+            "w.yaml:1: 'requests' is 100000000000; a trace holds at most 1000000 (each is kept until the report is "
+            "written)");
+  EXPECT_EQ(error_of("requests: 3\narrival: { process: poisson, rate: 1e-9 }\n" + one_class),
+            "w.yaml:2: 'arrival.rate' 1e-9 requests a second spreads 3 requests over about 3000000000 s, more than "
+            "a day; the rate is in requests per second");
 }
 
 TEST(Workload, LoadsAFileAndResolvesThePromptFileFromTheProjectRoot) {
