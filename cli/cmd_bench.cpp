@@ -93,7 +93,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")->check(kNonNegative);
   cmd->add_flag("--no-accuracy", args->no_accuracy, "skip the perplexity and greedy-agreement pass");
   cmd->add_option("--accuracy-text", o.accuracy_text, "text for perplexity (default: the workload's prompt file)");
-  cmd->add_option("--accuracy-ctx", o.accuracy_ctx, "perplexity chunk length in tokens")->check(kPositive)->capture_default_str();
+  cmd->add_option("--accuracy-ctx", o.accuracy_ctx, "perplexity chunk length in tokens (at least 4)")
+      ->check(CLI::Range(int64_t(4), int64_t(1) << 24))
+      ->capture_default_str();
   cmd->add_option("--accuracy-chunks", o.accuracy_chunks, "perplexity chunks scored at most")->check(kPositive)->capture_default_str();
   cmd->add_option("--accuracy-prompts", o.accuracy_prompts, "trace prompts for greedy agreement")->check(kPositive)->capture_default_str();
   cmd->add_option("--accuracy-tokens", o.accuracy_tokens, "tokens per prompt for greedy agreement")->check(kPositive)->capture_default_str();

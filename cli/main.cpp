@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return checked_exit(app.exit(e));
+    // --help and --version exit 0; a bad command line exits 1 like every other error (CLI11's own
+    // codes, 105 for a value out of range and so on, mean nothing to a script).
+    return checked_exit(app.exit(e) == 0 ? 0 : 1);
   } catch (const tessera::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return checked_exit(1);

@@ -123,10 +123,14 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
   }
   // The reference's perplexity comes with the first comparison (else on its own, after the loop).
   std::optional<PerplexityResult> base_ppl;
-  const bool have_text = int64_t(text.size()) >= o.accuracy_ctx;
+  const bool ctx_fits = o.accuracy_ctx <= context;
+  const bool have_text = ctx_fits && int64_t(text.size()) >= o.accuracy_ctx;
   std::string text_note = text_path.empty() ? "n/a: no text (give --accuracy-text or a workload prompt file)"
-                                            : "n/a: " + text_path + " is shorter than one chunk of " +
-                                                  std::to_string(o.accuracy_ctx) + " tokens";
+                          : !ctx_fits ? "n/a: --accuracy-ctx " + std::to_string(o.accuracy_ctx) +
+                                            " is longer than the model's context (" + std::to_string(context) +
+                                            " tokens)"
+                                      : "n/a: " + text_path + " is shorter than one chunk of " +
+                                            std::to_string(o.accuracy_ctx) + " tokens";
   json* ref_accuracy = nullptr;
   for (auto& r : runs) {
     if (!r.ok()) continue;
@@ -140,6 +144,10 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
     a["scored_tokens"] = nullptr;
     a["greedy_prompts"] = prompts.size();
     a["greedy_tokens_per_prompt"] = tokens;
+    // Every figure is in the report, null until measured: a pass that fails or does not apply
+    // leaves it null (with `error` or `perplexity_note`), never out.
+    a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] =
+        a["kl_divergence"] = a["greedy_agreement"] = nullptr;
     if (!have_text) a["perplexity_note"] = text_note;
     if (&r == &ref) {
       ref_accuracy = &a;
@@ -161,9 +169,6 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
         a["perplexity_delta_percent"] = 100.0 * (pr.perplexity - c.baseline.perplexity) / c.baseline.perplexity;
         a["teacher_forced_agreement"] = teacher_forced_agreement(pr, c.baseline);
         a["kl_divergence"] = {{"mean", c.kl.mean}, {"p99", c.kl.p99}, {"max", c.kl.max}};
-      } else {
-        a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] =
-            a["kl_divergence"] = nullptr;
       }
       a["greedy_agreement"] = greedy_agreement(*p, *base, prompts, tokens).share;
     } catch (const std::exception& e) {
@@ -174,11 +179,7 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
   if (ref_accuracy == nullptr) return;
   json& a = *ref_accuracy;
   a["greedy_agreement"] = 1.0;
-  if (!have_text) {
-    a["perplexity"] = a["perplexity_delta"] = a["perplexity_delta_percent"] = a["teacher_forced_agreement"] =
-        a["kl_divergence"] = nullptr;
-    return;
-  }
+  if (!have_text) return;
   try {
     if (!base_ppl) base_ppl = perplexity(*base, text, o.accuracy_ctx);
     a["scored_tokens"] = base_ppl->scored_tokens;

@@ -250,6 +250,14 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("unknown backend plugin 'nosuch'"), std::string::npos) << o.text;
 
+  // A bad command line exits 1 too, not with CLI11's own codes (105, 109, ...).
+  o = tessera_cmd("run --bogus hello");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("--bogus"), std::string::npos) << o.text;
+  o = tessera_cmd("bench --accuracy-ctx 2 --workload configs/workloads/chat.yaml");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("--accuracy-ctx: Value 2 not in range 4"), std::string::npos) << o.text;
+
   o = tessera_cmd("bogus");
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("unknown command 'bogus' (commands: run, plugins, eval, synth, serve, bench)"),
@@ -553,6 +561,31 @@ TEST(CliBench, ReportsEveryFieldWithRatiosAgainstTheFirstPipeline) {
   EXPECT_EQ(r["pipelines"][2]["failed_stage"], "load");
   EXPECT_NE(r["pipelines"][2]["error"].get<std::string>().find("missing.yaml: pipeline file not found"), std::string::npos);
   EXPECT_NE(b.output.text.find("[3/3 missing] FAILED (load)"), std::string::npos) << b.output.text;
+}
+
+TEST(CliBench, AnAccuracyPassThatCannotRunLeavesEveryFigureNullWithTheReason) {
+  test::TempDir dir;
+  const std::string workload = dir.write("w.yaml", "requests: 2\narrival: { process: closed, concurrency: 2 }\n"
+                                                   "prompts: { source: vocabulary }\n"
+                                                   "classes: [{ name: a, prompt: 8, output: 4 }]\n");
+  const Output o = tessera_cmd("bench -q --pipelines pipelines/baseline.yaml pipelines/int8.yaml --workload '" +
+                               workload + "' --out '" + dir.path() + "/out' --probe-seconds 0.05 --accuracy-text '" +
+                               test::kShared + "/eval/tiny_stories_eval.txt' --accuracy-ctx 600 --accuracy-prompts 1 " +
+                               "--accuracy-tokens 4");
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::ifstream in(dir.path() + "/out/report.json");
+  const auto report = nlohmann::json::parse(in);
+  for (const auto& p : report["pipelines"]) {
+    const auto& a = p["accuracy"];
+    SCOPED_TRACE(p["name"].get<std::string>() + ": " + a.dump());
+    for (const char* key : {"perplexity", "perplexity_delta", "perplexity_delta_percent", "teacher_forced_agreement",
+                            "kl_divergence", "scored_tokens"}) {
+      ASSERT_TRUE(a.contains(key)) << key;
+      EXPECT_TRUE(a[key].is_null()) << key;
+    }
+    EXPECT_EQ(a["perplexity_note"], "n/a: --accuracy-ctx 600 is longer than the model's context (512 tokens)");
+    EXPECT_TRUE(a["greedy_agreement"].is_number());  // needs no text, so measured still
+  }
 }
 
 TEST(CliBench, WritesMarkdownAndSelfContainedHtml) {
