@@ -39,15 +39,22 @@ std::string at_value(const std::string& file, const YAML::Node& key, const YAML:
 }
 
 // yaml-cpp keeps the last of two equal keys in a map; a pipeline file must not say one thing twice.
-void check_duplicate_keys(const std::string& file, const YAML::Node& node) {
+// A walk visits an alias at every use, so ten lines of aliases that repeat aliases stand for 10^10
+// values (a "billion laughs"): past `budget` values the file is refused, before anything walks it.
+void check_duplicate_keys(const std::string& file, const YAML::Node& node, int64_t& budget) {
+  if (--budget < 0) {
+    throw Error(file + ": the YAML expands to more than 100000 values (aliases that repeat aliases?); a pipeline "
+                       "is a few dozen keys");
+  }
   if (node.IsSequence()) {
-    for (const auto& item : node) check_duplicate_keys(file, item);
+    for (const auto& item : node) check_duplicate_keys(file, item, budget);
   } else if (node.IsMap()) {
     std::set<std::string> seen;
     for (const auto& kv : node) {
       const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
       if (!seen.insert(key).second) throw Error(at(file, kv.first) + ": duplicate key '" + key + "'");
-      check_duplicate_keys(file, kv.second);
+      check_duplicate_keys(file, kv.first, budget);
+      check_duplicate_keys(file, kv.second, budget);
     }
   }
 }
@@ -154,7 +161,8 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   }
   const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
-  check_duplicate_keys(path, root);
+  int64_t budget = 100000;
+  check_duplicate_keys(path, root, budget);
   try {
     return load_root(path, root, canon, chain);
   } catch (const YAML::Exception& e) {  // a list or map where a name belongs (plugin: [paged], a key that is a list)

@@ -1,6 +1,8 @@
 // Pipeline files: the schema, extends, and errors that name the file and line.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <filesystem>
 #include <fstream>
 
@@ -97,6 +99,25 @@ TEST_F(PipelineSpecTest, ADuplicateKeyIsRefusedWithItsLine) {
   EXPECT_NE(msg.find("p.yaml:2: duplicate key 'plugin'"), std::string::npos) << msg;
   msg = error_of("model: a.gguf\ncomponents:\n  cache: { plugin: paged }\nmodel: b.gguf\n");
   EXPECT_NE(msg.find("p.yaml:4: duplicate key 'model'"), std::string::npos) << msg;
+}
+
+TEST_F(PipelineSpecTest, AliasesThatExpandPastAHundredThousandValuesAreRefusedAtOnce) {
+  // Nine lines that stand for 10^9 values: refused before anything walks them (it took minutes).
+  std::string yaml = "x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int i = 1; i < 9; ++i) {
+    const std::string prev = "*a" + std::to_string(i - 1);
+    yaml += "x" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + prev;
+    for (int j = 1; j < 10; ++j) yaml += ", " + prev;
+    yaml += "]\n";
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string msg = error_of(yaml);
+  EXPECT_NE(msg.find("p.yaml: the YAML expands to more than 100000 values (aliases that repeat aliases?)"),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // An alias or two, as a person writes them, still loads.
+  EXPECT_EQ(error_of("components:\n  cache: &c { plugin: paged }\n"), "");
 }
 
 TEST_F(PipelineSpecTest, UnknownPluginNamesItsLineAndTheAlternatives) {
