@@ -110,9 +110,10 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   if (spec.model.empty()) {
     throw Error((spec.path.empty() ? std::string("pipeline") : spec.path) + ": no model given (set 'model:' or pass -m)");
   }
-  if (!std::filesystem::exists(spec.model)) {
-    throw Error((spec.model_where.empty() ? std::string("model") : spec.model_where) + ": model file '" +
-                spec.model + "' not found");
+  const std::string model_where = spec.model_where.empty() ? std::string("model") : spec.model_where;
+  if (!std::filesystem::exists(spec.model)) throw Error(model_where + ": model file '" + spec.model + "' not found");
+  if (!std::filesystem::is_regular_file(spec.model)) {
+    throw Error(model_where + ": model '" + spec.model + "' is not a file (a GGUF file is expected)");
   }
   p->model_path_ = spec.model;
 
@@ -140,7 +141,12 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   create(ComponentKind::decoder, p->decoder_);
 
   p->file_ = GgufFile::open(spec.model);
-  p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->file_));
+  try {
+    p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->file_));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    throw Error(what.rfind(spec.model, 0) == 0 ? what : spec.model + ": " + what);  // name the file once
+  }
   p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
   check_tensor_patterns(spec.components.at(ComponentKind::quantizer), p->model_->linear_names(), spec.model);
   const ModelConfig& mc = p->model_->config();

@@ -221,7 +221,10 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
       if (value.IsScalar()) {
         name = value.Scalar();
       } else if (value.IsMap() && value["plugin"]) {
-        name = value["plugin"].as<std::string>();
+        if (!value["plugin"].IsScalar() || value["plugin"].Scalar().empty()) {
+          throw Error(where + ": backend.plugin is empty; name a backend (cpu, cuda, hip or auto)");
+        }
+        name = value["plugin"].Scalar();
         params = to_json(value);
         params.erase("plugin");
       } else {
@@ -254,7 +257,11 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
           for (const auto& p : c.second) {
             const std::string pk = p.first.as<std::string>();
             if (pk == "plugin") {
-              comp.plugin = p.second.as<std::string>();
+              if (!p.second.IsScalar() || p.second.Scalar().empty()) {
+                throw Error(at(path, p.first) + ": components." + kind_text + ".plugin is empty; name a " + kind_text +
+                            " plugin (`tessera plugins` lists them)");
+              }
+              comp.plugin = p.second.Scalar();
             } else {
               comp.params[pk] = to_json(p.second);
               comp.param_where[pk] = at(path, p.first);

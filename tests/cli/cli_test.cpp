@@ -246,6 +246,11 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("junk.gguf"), std::string::npos) << o.text;
 
+  o = tessera_cmd("run -m '" + dir.string() + "' hello");  // a folder, not a file
+  EXPECT_EQ(o.status, 1);
+  EXPECT_NE(o.text.find("-m: model '" + dir.string() + "' is not a file (a GGUF file is expected)"), std::string::npos)
+      << o.text;
+
   o = tessera_cmd("run --backend nosuch hello");
   EXPECT_EQ(o.status, 1);
   EXPECT_NE(o.text.find("unknown backend plugin 'nosuch'"), std::string::npos) << o.text;

@@ -120,6 +120,14 @@ TEST_F(PipelineSpecTest, AliasesThatExpandPastAHundredThousandValuesAreRefusedAt
   EXPECT_EQ(error_of("components:\n  cache: &c { plugin: paged }\n"), "");
 }
 
+TEST_F(PipelineSpecTest, AnEmptyPluginNameIsRefusedWithItsLine) {
+  std::string msg = error_of("components:\n  cache: { plugin: }\n");
+  EXPECT_NE(msg.find("p.yaml:2: components.cache.plugin is empty; name a cache plugin"), std::string::npos) << msg;
+  msg = error_of("backend: { plugin: \"\" }\n");
+  EXPECT_NE(msg.find("p.yaml:1: backend.plugin is empty; name a backend (cpu, cuda, hip or auto)"), std::string::npos)
+      << msg;
+}
+
 TEST_F(PipelineSpecTest, UnknownPluginNamesItsLineAndTheAlternatives) {
   const std::string msg = error_of("model: x.gguf\ncomponents:\n  quantizer: { plugin: int9 }\n");
   EXPECT_NE(msg.find("p.yaml:3"), std::string::npos) << msg;
