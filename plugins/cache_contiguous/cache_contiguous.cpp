@@ -152,8 +152,8 @@ class ContiguousCache final : public Cache {
 
 void register_contiguous(Registrar& r) {
   r.add<Cache>("contiguous", "Each sequence preallocates its maximum length (baseline for paging)",
-               {{"max_seqs", ParamType::integer, 8, "sequences that can hold a slot at once", {}},
-                {"max_len", ParamType::integer, 0, "tokens per slot, which bound a sequence as the context does; 0 = the model's context length", {}},
+               {{"max_seqs", ParamType::integer, 8, "sequences that can hold a slot at once; 0 = as many as memory holds (8 without memory)", {}},
+                {"max_len", ParamType::integer, 0, "tokens per slot, which bound a sequence as the context does; 0 (or more than the model's context) = the model's context length", {}},
                 {"memory", ParamType::size, 0, "cap on KV bytes; 0 = max_seqs x max_len", {}}},
                [](const Params& p) { return std::make_unique<ContiguousCache>(p); });
 }
