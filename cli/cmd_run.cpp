@@ -187,11 +187,15 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--frequency-penalty", args->frequency_penalty,
                   "subtract this x the count of each generated token (-2..2)");
   cmd->add_option("--presence-penalty", args->presence_penalty, "subtract this from each generated token (-2..2)");
-  cmd->add_option("--seed", args->seed, "random seed")->check(kSeed);
+  cmd->add_option("--seed", args->seed,
+                  "random seed for sampling (default: the pipeline decoder's, so a run repeats; every prompt of a "
+                  "run starts from it)")
+      ->check(kSeed);
   cmd->add_option("--stop", args->stop, "stop string (repeatable); the text ends before it")
       ->allow_extra_args(false);  // one string per --stop, so a prompt can follow
   cmd->add_option("--logprobs", args->logprobs,
-                  "report each generated token's log-probability and N alternatives (0..20; JSON output)");
+                  "report each generated token's log-probability and N alternatives (0..20; JSON output)")
+      ->check(CLI::Range(int64_t(0), int64_t(20)));
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
   cmd->add_option("--format", args->format, "text or json (one JSON object per prompt, per line)")
       ->check(CLI::IsMember({"text", "json"}));
