@@ -60,7 +60,7 @@ void run(const RunArgs& args) {
   if (args.seed) sampling.seed = *args.seed;
   if (args.logprobs) sampling.logprobs = *args.logprobs;
   validate_sampling(sampling);  // ranges first: they name the flag's value
-  if (args.logprobs && args.format != "json") {
+  if (args.logprobs && *args.logprobs >= 0 && args.format != "json") {  // out of range: named below
     throw Error("--logprobs: log-probabilities are reported in JSON output; add --format json");
   }
   validate_sampling(sampling);  // names the field and value of a bad flag
@@ -194,8 +194,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--stop", args->stop, "stop string (repeatable); the text ends before it")
       ->allow_extra_args(false);  // one string per --stop, so a prompt can follow
   cmd->add_option("--logprobs", args->logprobs,
-                  "report each generated token's log-probability and N alternatives (0..20; JSON output)")
-      ->check(CLI::Range(int64_t(0), int64_t(20)));
+                  "report each generated token's log-probability and N alternatives (0..20; JSON output)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
   cmd->add_option("--format", args->format, "text or json (one JSON object per prompt, per line)")
       ->check(CLI::IsMember({"text", "json"}));
