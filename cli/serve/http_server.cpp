@@ -365,8 +365,9 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
   }
   if (r.max_tokens) {
     if (n + *r.max_tokens > ctx) {
-      throw bad_field("max_tokens",
-                      "'max_tokens' is " + std::to_string(*r.max_tokens) + ", but the prompt is " + std::to_string(n) +
+      throw bad_field(r.max_tokens_field,
+                      "'" + r.max_tokens_field + "' is " + std::to_string(*r.max_tokens) + ", but the prompt is " +
+                          std::to_string(n) +
                           " tokens and the limit " + std::to_string(ctx) + " (" + pipeline_.sequence_limit_text() +
                           "): at most " + std::to_string(ctx - n) +
                           " tokens can be generated",

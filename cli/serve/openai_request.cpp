@@ -270,7 +270,10 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   try {
     j = json::parse(body);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond a double (1e400)
-    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+    // The parser quotes what it read last, which may be most of a megabyte-long body.
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "...";
+    throw ApiError(400, "the request body is not valid JSON: " + what, "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_of(j), "", "invalid_json");
 
@@ -291,6 +294,7 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
         throw bad_field("max_completion_tokens", "'max_tokens' and 'max_completion_tokens' disagree");
       }
       r.max_tokens = m;
+      r.max_tokens_field = "max_completion_tokens";
     }
   }
   r.temperature = f.number("temperature", 0, 2);

@@ -28,6 +28,7 @@ struct OpenAiRequest {
   std::vector<ChatMessage> messages;
 
   std::optional<int64_t> max_tokens;
+  std::string max_tokens_field = "max_tokens";  // or chat's max_completion_tokens, as the client sent it
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
   std::optional<double> frequency_penalty, presence_penalty, repetition_penalty;

@@ -433,6 +433,10 @@ std::vector<BadRequest> bad_requests() {
        "invalid_value"},
       {"chat_tools", "POST", chat, "{" + msg + R"(, "tools": [{"type": "function"}]})", 400, "tools",
        "invalid_value"},
+      {"chat_max_completion_tokens_past_context", "POST", chat, "{" + msg + R"(, "max_completion_tokens": 100000})",
+       400, "max_completion_tokens", "context_length_exceeded"},
+      // Unterminated 60 KB string: the error quotes a little of it, not the whole body.
+      {"malformed_json_long", "POST", c, R"({"prompt": ")" + std::string(60000, 'a'), 400, nullptr, "invalid_json"},
       {"wrong_method", "GET", c, "", 405, nullptr, "method_not_allowed"},
       {"unknown_route", "GET", "/v1/engines", "", 404, nullptr, "not_found"},
       {"unknown_route_post", "POST", "/v2/completions", R"({"prompt": "hi"})", 404, nullptr, "not_found"},
@@ -470,6 +474,7 @@ TEST_P(ServeBadRequest, GetsItsStatusAndAnErrorNamingTheField) {
   EXPECT_TRUE(j["error"]["type"].is_string());
   EXPECT_EQ(j["error"]["param"], b.param) << res->body;
   EXPECT_EQ(j["error"]["code"], b.code) << res->body;
+  EXPECT_LT(res->body.size(), 2000u) << "an error names the problem; it does not echo the request";
   // The server is still fine afterwards.
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
