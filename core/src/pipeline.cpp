@@ -113,7 +113,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   const std::string model_where = spec.model_where.empty() ? std::string("model") : spec.model_where;
   if (!std::filesystem::exists(spec.model)) throw Error(model_where + ": model file '" + spec.model + "' not found");
   if (!std::filesystem::is_regular_file(spec.model)) {
-    throw Error(model_where + ": model '" + spec.model + "' is not a file (a GGUF file is expected)");
+    throw Error(model_where + ": model '" + spec.model + "' is not a regular file (a GGUF file is expected)");
   }
   p->model_path_ = spec.model;
 

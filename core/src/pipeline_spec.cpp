@@ -221,10 +221,10 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
       if (value.IsScalar()) {
         name = value.Scalar();
       } else if (value.IsMap() && value["plugin"]) {
-        if (!value["plugin"].IsScalar() || value["plugin"].Scalar().empty()) {
+        if (value["plugin"].IsNull() || (value["plugin"].IsScalar() && value["plugin"].Scalar().empty())) {
           throw Error(where + ": backend.plugin is empty; name a backend (cpu, cuda, hip or auto)");
         }
-        name = value["plugin"].Scalar();
+        name = value["plugin"].as<std::string>();
         params = to_json(value);
         params.erase("plugin");
       } else {
@@ -257,11 +257,11 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
           for (const auto& p : c.second) {
             const std::string pk = p.first.as<std::string>();
             if (pk == "plugin") {
-              if (!p.second.IsScalar() || p.second.Scalar().empty()) {
+              if (p.second.IsNull() || (p.second.IsScalar() && p.second.Scalar().empty())) {
                 throw Error(at(path, p.first) + ": components." + kind_text + ".plugin is empty; name a " + kind_text +
                             " plugin (`tessera plugins` lists them)");
               }
-              comp.plugin = p.second.Scalar();
+              comp.plugin = p.second.as<std::string>();  // a list or map throws: named by load_file
             } else {
               comp.params[pk] = to_json(p.second);
               comp.param_where[pk] = at(path, p.first);

@@ -248,7 +248,7 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 
   o = tessera_cmd("run -m '" + dir.string() + "' hello");  // a folder, not a file
   EXPECT_EQ(o.status, 1);
-  EXPECT_NE(o.text.find("-m: model '" + dir.string() + "' is not a file (a GGUF file is expected)"), std::string::npos)
+  EXPECT_NE(o.text.find("-m: model '" + dir.string() + "' is not a regular file (a GGUF file is expected)"), std::string::npos)
       << o.text;
 
   o = tessera_cmd("run --backend nosuch hello");
