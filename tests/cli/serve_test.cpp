@@ -592,20 +592,25 @@ TEST(ServeLimits, ADisconnectedStreamIsCancelledAndFreesItsBlocks) {
   expect_cancelled_and_freed(c, "quitter");
 }
 
-TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
-  // Nothing is written to a non-streaming client until the end: the server watches its connection
-  // (an SDK's timeout and retry would otherwise leave the first attempt generating).
+// A non-streaming request whose client goes away while it generates, by closing its connection
+// or by resetting it (a killed client, SO_LINGER 0: the server's socket is left without a peer).
+// Nothing is written to a non-streaming client until the end: the server watches its connection
+// (an SDK's timeout and retry would otherwise leave the first attempt generating).
+void leave_a_non_streaming_request(bool reset, const std::string& user) {
   test::TempDir dir;
   ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
   auto c = server.client();
-  {
-    test::RawConnection conn(server.port());
-    json body = json::parse(long_stream(1500, "leaver"));
-    body["stream"] = false;
-    conn.post("/v1/completions", body.dump());
-    test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
-  }  // closed while it generates
-  expect_cancelled_and_freed(c, "leaver");
+  test::RawConnection conn(server.port());
+  json body = json::parse(long_stream(1500, user));
+  body["stream"] = false;
+  conn.post("/v1/completions", body.dump());
+  test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
+  if (reset) {
+    conn.reset();
+  } else {
+    conn.close();
+  }
+  expect_cancelled_and_freed(c, user);
   // The route counts it as nginx does: 499, the client closed the request.
   const std::string route = R"(tessera_http_requests_total{route="/v1/completions",status=)";
   const std::string page = test::wait_for_metrics(
@@ -614,19 +619,9 @@ TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) {
   EXPECT_FALSE(test::metric(page, route + R"("200"})")) << page;
 }
 
-TEST(ServeLimits, ANonStreamingRequestWhoseClientResetsIsCancelled) {
-  // A reset (a killed client, SO_LINGER 0) leaves the server's socket without a peer.
-  test::TempDir dir;
-  ServerProcess server({"-p", test::slow_serve_pipeline(dir)});
-  auto c = server.client();
-  test::RawConnection conn(server.port());
-  json body = json::parse(long_stream(1500, "resetter"));
-  body["stream"] = false;
-  conn.post("/v1/completions", body.dump());
-  test::wait_for_metrics(c, [](const std::string& p) { return test::metric(p, "tessera_requests_running") == 1; });
-  conn.reset();
-  expect_cancelled_and_freed(c, "resetter");
-}
+TEST(ServeLimits, ADisconnectedNonStreamingRequestIsCancelledToo) { leave_a_non_streaming_request(false, "leaver"); }
+
+TEST(ServeLimits, ANonStreamingRequestWhoseClientResetsIsCancelled) { leave_a_non_streaming_request(true, "resetter"); }
 
 // Streams `n` requests on raw connections; returns them once each is generating.
 std::vector<std::unique_ptr<test::RawConnection>> start_streams(int port, int n, int max_tokens) {
