@@ -165,7 +165,8 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
                               "Sequences the engine is running.",
                               "HTTP generation requests being served (running, waiting or streaming).",
                               "KV cache blocks in the pool.",
-                              "KV cache blocks holding running sequences (blocks that only keep a cached prefix count as free: tessera_prefix_cache_blocks).",
+                              "KV cache blocks holding running sequences (blocks that only keep a cached prefix "
+                              "count as free: tessera_prefix_cache_blocks).",
                               "KV cache blocks free.",
                               "Sequences holding KV cache blocks."};
   for (size_t i = 0; i < std::size(gauges); ++i) {

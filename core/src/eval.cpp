@@ -22,8 +22,9 @@ int64_t chunk_count(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t
   }
   const int64_t chunks = static_cast<int64_t>(tokens.size()) / ctx;
   if (chunks == 0) {
-    throw Error("perplexity: the text has " + std::to_string(tokens.size()) + " tokens (BOS included), fewer than one chunk of " +
-                std::to_string(ctx) + " (--ctx): give a longer text or a smaller --ctx");
+    throw Error("perplexity: the text has " + std::to_string(tokens.size()) +
+                " tokens (BOS included), fewer than one chunk of " + std::to_string(ctx) +
+                " (--ctx): give a longer text or a smaller --ctx");
   }
   return chunks;
 }

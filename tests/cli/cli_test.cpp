@@ -248,7 +248,8 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 
   o = tessera_cmd("run -m '" + dir.string() + "' hello");  // a folder, not a file
   EXPECT_EQ(o.status, 1);
-  EXPECT_NE(o.text.find("-m: model '" + dir.string() + "' is not a regular file (a GGUF file is expected)"), std::string::npos)
+  EXPECT_NE(o.text.find("-m: model '" + dir.string() + "' is not a regular file (a GGUF file is expected)"),
+            std::string::npos)
       << o.text;
 
   o = tessera_cmd("run --backend nosuch hello");
@@ -281,7 +282,8 @@ TEST(Cli, OutputThatCannotBeWrittenExitsOneAndSaysSo) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
   const auto err = std::filesystem::temp_directory_path() / ("tessera_cli_err_" + std::to_string(::getpid()));
   for (const std::string cmd : {"run -n 8 hello", "run -n 8 --format json hello", "plugins --format json"}) {
-    const Output o = tessera_cmd(cmd + " >/dev/full 2>'" + err.string() + "'; s=$?; cat '" + err.string() + "'; exit $s");
+    const Output o =
+        tessera_cmd(cmd + " >/dev/full 2>'" + err.string() + "'; s=$?; cat '" + err.string() + "'; exit $s");
     EXPECT_EQ(o.status, 1) << cmd << ": " << o.text;
     EXPECT_NE(o.text.find("error: could not write the output to standard output"), std::string::npos) << cmd << ": "
                                                                                                        << o.text;

@@ -228,7 +228,8 @@ TEST(PeerSocket, FindsTheConnectionAndTellsAResetOneFromNone) {
   ASSERT_GE(s.accepted, 0);
   EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port), s.accepted);
   EXPECT_FALSE(serve::peer_closed(s.accepted));
-  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port + 1 == s.port ? s.client_port + 2 : s.client_port + 1), -1)
+  const int other_port = s.client_port + 1 == s.port ? s.client_port + 2 : s.client_port + 1;
+  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", other_port), -1)
       << "another peer's connection is not this one, and none was reset";
   // The client resets: the accepted socket loses its peer, so no lookup by peer finds it.
   const linger abort{1, 0};

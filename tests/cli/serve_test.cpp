@@ -103,8 +103,8 @@ TEST_F(Serve, LogprobsEndWithTheTextAtAStopString) {
   // and the tokens from there on are not part of the answer, in either endpoint's logprobs (usage
   // still counts every generated token).
   auto c = server_->client();
-  const json r =
-      post_json(c, "/v1/completions", {{"prompt", kStory}, {"max_tokens", 12}, {"stop", "named Lily."}, {"logprobs", 1}});
+  const json r = post_json(c, "/v1/completions",
+                           {{"prompt", kStory}, {"max_tokens", 12}, {"stop", "named Lily."}, {"logprobs", 1}});
   ASSERT_EQ(r["choices"][0]["text"], ", there was a little girl ") << r.dump();
   const std::string text = r["choices"][0]["text"];
   const json& lp = r["choices"][0]["logprobs"];
