@@ -227,6 +227,8 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
     std::vector<double> lag;
     for (size_t i = 0; i < rr.results.size(); ++i) lag.push_back(rr.results[i].submitted - rr.scheduled[i]);
     m["submit_lag_ms"] = summary_json(summarize(lag), 1000);
+  } else {
+    m["submit_lag_ms"] = nullptr;  // a closed loop submits when a client is free: no schedule to lag
   }
 
   // The run as a share of the machine's measured limits.
@@ -243,6 +245,14 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
 
   // Greedy outputs on the trace itself, token for token against the reference.
   json acc = run.accuracy;
+  // One shape whether the accuracy pass ran, failed, was skipped (--no-accuracy) or cannot run (a
+  // server): every figure present, null where not measured.
+  for (const char* k : {"text", "ctx", "scored_tokens", "perplexity", "perplexity_delta", "perplexity_delta_percent",
+                        "teacher_forced_agreement", "kl_divergence", "greedy_agreement", "greedy_prompts",
+                        "greedy_tokens_per_prompt"}) {
+    if (!acc.contains(k)) acc[k] = nullptr;
+  }
+  if (run.accuracy.empty()) acc["note"] = "n/a: no accuracy pass ran (--no-accuracy, or a server is the reference)";
   if (reference != nullptr && reference->ok() && run.greedy && reference->greedy &&
       (http || !reference->server.empty())) {
     // Output ids are not known over HTTP: the texts are compared, character for character.

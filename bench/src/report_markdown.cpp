@@ -152,8 +152,10 @@ std::string render_markdown(const json& r) {
     const json& a = p["accuracy"];
     std::string note = a.contains("error") ? str(a["error"])
                        : a.contains("perplexity_note") ? str(a["perplexity_note"])
+                       : a.contains("note")            ? str(a["note"])
                                                        : "";
-    row(out, {str(p["name"]), num(at(a, {"perplexity"}), 4), num(at(a, {"perplexity_delta_percent"}), 2) + "%",
+    const json& delta = at(a, {"perplexity_delta_percent"});
+    row(out, {str(p["name"]), num(at(a, {"perplexity"}), 4), delta.is_number() ? num(delta, 2) + "%" : "n/a",
               num(at(a, {"kl_divergence", "mean"}), 4), num(at(a, {"teacher_forced_agreement"}), 3), num(at(a, {"greedy_agreement"}), 3),
               num(at(a, {"trace_agreement"}), 3),
               a.contains("trace_identical_requests")

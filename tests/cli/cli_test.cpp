@@ -593,6 +593,23 @@ TEST(CliBench, AnAccuracyPassThatCannotRunLeavesEveryFigureNullWithTheReason) {
     EXPECT_EQ(a["perplexity_note"], "n/a: --accuracy-ctx 600 is longer than the model's context (512 tokens)");
     EXPECT_TRUE(a["greedy_agreement"].is_number());  // needs no text, so measured still
   }
+  // Skipped, the pass leaves the same shape: every figure null, and a note saying why. A closed
+  // loop's submission lag is null too, not left out.
+  const Output skipped = tessera_cmd("bench -q --no-accuracy --pipelines pipelines/baseline.yaml pipelines/int8.yaml "
+                                     "--workload '" + workload + "' --out '" + dir.path() + "/skipped' --probe-seconds 0.05");
+  ASSERT_EQ(skipped.status, 0) << skipped.text;
+  std::ifstream skipped_in(dir.path() + "/skipped/report.json");
+  for (const auto& p : nlohmann::json::parse(skipped_in)["pipelines"]) {
+    const auto& a = p["accuracy"];
+    SCOPED_TRACE(p["name"].get<std::string>() + ": " + p.dump());
+    for (const char* key : {"perplexity", "perplexity_delta", "kl_divergence", "greedy_agreement", "scored_tokens"}) {
+      ASSERT_TRUE(a.contains(key)) << key;
+      EXPECT_TRUE(a[key].is_null()) << key;
+    }
+    EXPECT_NE(a["note"].get<std::string>().find("--no-accuracy"), std::string::npos);
+    ASSERT_TRUE(p.contains("submit_lag_ms"));
+    EXPECT_TRUE(p["submit_lag_ms"].is_null());
+  }
 }
 
 TEST(CliBench, WritesMarkdownAndSelfContainedHtml) {
