@@ -1,6 +1,9 @@
-// Integer-dot GEMM on GGUF's 32-element weight blocks (Q8_0, Q4_0), as llama.cpp runs them on
+// Integer-dot GEMM on GGUF's 32-element weight blocks (Q8_0, Q4_0), the scheme llama.cpp runs on
 // AVX2: each activation row is quantized once per call to int8 in blocks of 32 (scale amax/127,
 // like Q8_0), and every block pair costs one int8 dot scaled by d_w·d_x and accumulated in float.
+// Not llama.cpp's bits: it stores each activation block's scale as f16 and rounds halves away from
+// zero, where these keep the scale in f32 and round to nearest even (~1e-3 relative apart per
+// output, an independent numpy check of both found).
 // This header is what the two formats share: the walk over tiles and threads, activation
 // quantization and the tile packing (gemm_blocks_cpu.cpp), and the AVX2 tile runner and helpers
 // (below); the block dots themselves live in gemm_q8_0_cpu.cpp and gemm_q4_0_cpu.cpp.
