@@ -8,7 +8,9 @@
 #include <cctype>
 #include <ctime>
 #include <iostream>
+#include <functional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "api_error.h"
@@ -22,7 +24,13 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kRoutes[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+// Routes by method (the others get 405 naming the right one), and all of them for the metrics.
+const char* const kPostRoutes[] = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"};
+const char* const kGetRoutes[] = {"/v1/models", "/health", "/metrics"};
+
+bool one_of(const std::string& path, std::span<const char* const> routes) {
+  return std::any_of(routes.begin(), routes.end(), [&](const char* r) { return path == r; });
+}
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -44,9 +52,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 std::string route_label(const std::string& path) {
-  for (const char* r : kRoutes) {
-    if (path == r) return r;
-  }
+  if (one_of(path, kPostRoutes) || one_of(path, kGetRoutes)) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "unmatched";  // unknown paths share one label: clients cannot grow the metrics page
 }
@@ -190,9 +196,8 @@ void HttpServer::routes() {
       const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
       if (length.empty() && !chunked) {
         // Answered here as routing would, since routing would first wait for the body.
-        const bool post_route = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
-        const bool get_route = req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0 ||
-                               req.path == "/health" || req.path == "/metrics";
+        const bool post_route = one_of(req.path, kPostRoutes);
+        const bool get_route = one_of(req.path, kGetRoutes) || req.path.rfind("/v1/models/", 0) == 0;
         if (req.method == "POST" && post_route) {
           send_error(res, ApiError(400, "POST " + req.path + " without a body: send one with Content-Length or "
                                         "Transfer-Encoding: chunked", "", "invalid_request"));
@@ -212,8 +217,9 @@ void HttpServer::routes() {
 
   // Bodies through a content reader, held to server.max_body_bytes whatever their framing (httplib
   // caps bodies sent as form data, what `curl -d` declares, at 8 KiB, and chunked ones not at all).
-  auto post = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+  using BodyHandler = std::function<void(const std::string& body, const httplib::Request&, httplib::Response&)>;
+  auto post = [this](BodyHandler handle) {
+    return [this, handle](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
       if (req.is_multipart_form_data()) {
         send_error(res, ApiError(415, "multipart form data is not accepted: send the request as JSON "
                                       "(Content-Type: application/json)", "", "unsupported_media_type"));
@@ -237,11 +243,30 @@ void HttpServer::routes() {
         return;
       }
       if (!whole) return;  // cut off or unreadable: httplib set the status, the error handler answers
-      generate(endpoint, body, req, res);
+      handle(body, req, res);
     };
   };
-  s.Post("/v1/completions", post(Endpoint::completions));
-  s.Post("/v1/chat/completions", post(Endpoint::chat));
+  auto generation = [this, &post](Endpoint endpoint) {
+    return post([this, endpoint](const std::string& body, const httplib::Request& req, httplib::Response& res) {
+      generate(endpoint, body, req, res);
+    });
+  };
+  s.Post("/v1/completions", generation(Endpoint::completions));
+  s.Post("/v1/chat/completions", generation(Endpoint::chat));
+  s.Post("/tokenize", post([this](const std::string& body, const httplib::Request&, httplib::Response& res) {
+    try {
+      send_json(res, 200, tokenize(parse_tokenize_request(body)));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }));
+  s.Post("/detokenize", post([this](const std::string& body, const httplib::Request&, httplib::Response& res) {
+    try {
+      send_json(res, 200, detokenize(parse_detokenize_request(body)));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }));
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
@@ -281,13 +306,13 @@ void HttpServer::routes() {
                                "method_not_allowed"));
     };
   };
-  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+  for (const char* path : kPostRoutes) {
     s.Get(path, not_allowed("POST"));
     s.Put(path, not_allowed("POST"));
     s.Delete(path, not_allowed("POST"));
     s.Patch(path, not_allowed("POST"));
   }
-  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+  for (const char* path : kGetRoutes) {
     s.Post(path, httplib::Server::Handler(not_allowed("GET")));
     s.Put(path, httplib::Server::Handler(not_allowed("GET")));
     s.Delete(path, httplib::Server::Handler(not_allowed("GET")));
@@ -324,6 +349,39 @@ void HttpServer::routes() {
   s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics_.count_http(route_label(req.path), res.status);
   });
+}
+
+// The model a request names, if it names one, must be this server's.
+void HttpServer::check_model(const std::string& model) const {
+  if (!model.empty() && model != config_.model_name) {
+    throw ApiError(404, "model '" + model + "' does not exist; this server serves '" + config_.model_name + "'",
+                   "model", "model_not_found");
+  }
+}
+
+json HttpServer::tokenize(const TokenizeRequest& r) const {
+  check_model(r.model);
+  const Tokenizer& tok = pipeline_.tokenizer();
+  const std::string field = r.chat ? "messages" : "prompt";
+  std::vector<int32_t> ids;
+  try {
+    ids = r.chat ? chat_.encode(tok, r.messages) : tok.encode(r.text, r.add_special_tokens && tok.vocabulary().add_bos);
+  } catch (const Error& e) {
+    throw bad_field(field, "cannot tokenize '" + field + "': " + e.what());
+  }
+  return {{"count", ids.size()}, {"max_model_len", pipeline_.max_sequence_tokens()}, {"tokens", ids}};
+}
+
+json HttpServer::detokenize(const DetokenizeRequest& r) const {
+  check_model(r.model);
+  const int64_t vocab = pipeline_.model().config().vocab;
+  for (const int32_t t : r.tokens) {
+    if (t >= vocab) {
+      throw bad_field("tokens", "'tokens' holds token id " + std::to_string(t) + ", outside the vocabulary (0.." +
+                                    std::to_string(vocab - 1) + ")");
+    }
+  }
+  return {{"prompt", pipeline_.tokenizer().decode(r.tokens)}};
 }
 
 GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
@@ -429,10 +487,7 @@ void HttpServer::generate(Endpoint endpoint, const std::string& body, const http
     if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down", "server_error");
     OpenAiRequest r = parse_openai_request(endpoint, body);
     user = r.user;
-    if (!r.model.empty() && r.model != config_.model_name) {
-      throw ApiError(404, "model '" + r.model + "' does not exist; this server serves '" + config_.model_name + "'",
-                     "model", "model_not_found");
-    }
+    check_model(r.model);
     GenerationRequest g = build_request(r);
     if (!admission.enter()) {
       throw ApiError(429, "the server is at capacity (" + std::to_string(config_.max_queue) +

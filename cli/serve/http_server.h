@@ -18,7 +18,10 @@
 #include <mutex>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "chat_template.h"
+#include "openai_request.h"
 #include "metrics.h"
 #include "serving_engine.h"
 #include "tessera/pipeline.h"
@@ -67,6 +70,9 @@ class HttpServer {
   void routes();
   void generate(Endpoint endpoint, const std::string& body, const httplib::Request& req, httplib::Response& res);
   GenerationRequest build_request(const OpenAiRequest& r) const;
+  void check_model(const std::string& model) const;
+  nlohmann::json tokenize(const TokenizeRequest& r) const;
+  nlohmann::json detokenize(const DetokenizeRequest& r) const;
   void start_stream(std::shared_ptr<Stream> st, httplib::Response& res);
   bool try_admit();
   void leave();

@@ -105,10 +105,11 @@ class Fields {
   std::set<std::string> seen_;
 };
 
-std::vector<int32_t> token_ids(const json& arr, const std::string& field) {
+std::vector<int32_t> token_ids(const json& arr, const std::string& field,
+                               const char* expected = "a string or an array of token ids (integers)") {
   std::vector<int32_t> out;
   for (const auto& t : arr) {
-    if (!t.is_number_integer()) wrong_type(field, "a string or an array of token ids (integers)", arr);
+    if (!t.is_number_integer()) wrong_type(field, expected, arr);
     if (t.is_number_unsigned() ? t.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max())
                                : (t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())) {
       throw bad_field(field, "'" + field + "' holds token id " + t.dump() + ", which is not a valid token id");
@@ -263,9 +264,9 @@ void refuse_unsupported(Fields& f, Endpoint endpoint) {
   }
 }
 
-}  // namespace
 
-OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
+// A request body: a JSON object.
+json parse_body(std::string_view body) {
   json j;
   try {
     j = json::parse(body);
@@ -276,7 +277,13 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
     throw ApiError(400, "the request body is not valid JSON: " + what, "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object, got " + type_of(j), "", "invalid_json");
+  return j;
+}
 
+}  // namespace
+
+OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
+  const json j = parse_body(body);
   OpenAiRequest r;
   r.endpoint = endpoint;
   Fields f(j);
@@ -343,6 +350,42 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   refuse_unsupported(f, endpoint);
   f.refuse_unknown();
   return r;
+}
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  const json j = parse_body(body);
+  Fields f(j);
+  TokenizeRequest t;
+  if (auto m = f.string("model")) t.model = *m;
+  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+  if (has_prompt == (j.contains("messages") && !j["messages"].is_null())) {
+    throw bad_field(has_prompt ? "messages" : "prompt", "give either 'prompt' (a text) or 'messages' (a chat)",
+                    has_prompt ? "invalid_value" : "missing_required_parameter");
+  }
+  if (has_prompt) {
+    if (auto p = f.string("prompt")) t.text = *p;
+  } else {
+    OpenAiRequest chat;
+    read_messages(f, chat);
+    t.chat = true;
+    t.messages = std::move(chat.messages);
+  }
+  t.add_special_tokens = f.boolean("add_special_tokens").value_or(true);
+  f.refuse_unknown();
+  return t;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body) {
+  const json j = parse_body(body);
+  Fields f(j);
+  DetokenizeRequest d;
+  if (auto m = f.string("model")) d.model = *m;
+  const json* tokens = f.get("tokens");
+  if (tokens == nullptr) throw bad_field("tokens", "'tokens' is required", "missing_required_parameter");
+  if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
+  d.tokens = token_ids(*tokens, "tokens", "an array of token ids (integers)");
+  f.refuse_unknown();
+  return d;
 }
 
 }  // namespace tessera::serve

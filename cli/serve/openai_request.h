@@ -51,4 +51,22 @@ inline constexpr size_t kMaxStops = 16;
 // ill-typed field, a value out of range, an unknown field or an unsupported feature (n > 1, tools...).
 OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body);
 
+// POST /tokenize (as vLLM's): a text `prompt` or chat `messages`, to the token ids a generation
+// request with them would start from; `add_special_tokens` (default true) puts BOS before a text.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;
+  std::string text;
+  std::vector<ChatMessage> messages;
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(std::string_view body);
+
+// POST /detokenize: `tokens`, an array of token ids, to their text.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize_request(std::string_view body);
+
 }  // namespace tessera::serve

@@ -133,6 +133,22 @@ TEST_F(Serve, LogprobsEndWithTheTextAtAStopString) {
   EXPECT_EQ(chat_joined.substr(0, content.size()), content);
 }
 
+TEST_F(Serve, TokenizeGivesTheIdsAGenerationStartsFromAndDetokenizeTheirText) {
+  auto c = server_->client();
+  const json ids = post_json(c, "/tokenize", {{"prompt", kStory}});
+  EXPECT_EQ(ids["tokens"], json({1, 403, 407, 261, 378})) << ids.dump();  // BOS + the golden file's ids
+  EXPECT_EQ(ids["count"], 5);
+  EXPECT_EQ(ids["max_model_len"], 512);
+  EXPECT_EQ(post_json(c, "/tokenize", {{"prompt", kStory}, {"add_special_tokens", false}})["tokens"],
+            json({403, 407, 261, 378}));
+  EXPECT_EQ(post_json(c, "/detokenize", {{"tokens", ids["tokens"]}})["prompt"], kStory);
+  // Chat: the rendered template, as a chat completion counts its prompt.
+  const json messages = {{{"role", "user"}, {"content", "Tell me about a cat."}}};
+  const json chat_ids = post_json(c, "/tokenize", {{"messages", messages}});
+  const json chat = post_json(c, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 2}});
+  EXPECT_EQ(chat_ids["count"], chat["usage"]["prompt_tokens"]) << chat_ids.dump();
+}
+
 TEST_F(Serve, ChatUsesTheDefaultTemplateWithoutOneInTheModel) {
   auto c = server_->client();
   const json messages = {{{"role", "system"}, {"content", "You tell stories."}},
@@ -437,6 +453,17 @@ std::vector<BadRequest> bad_requests() {
        400, "max_completion_tokens", "context_length_exceeded"},
       // Unterminated 60 KB string: the error quotes a little of it, not the whole body.
       {"malformed_json_long", "POST", c, R"({"prompt": ")" + std::string(60000, 'a'), 400, nullptr, "invalid_json"},
+      {"tokenize_prompt_and_messages", "POST", "/tokenize", "{" + msg + R"(, "prompt": "hi"})", 400, "messages",
+       "invalid_value"},
+      {"tokenize_nothing", "POST", "/tokenize", R"({"add_special_tokens": true})", 400, "prompt",
+       "missing_required_parameter"},
+      {"tokenize_unknown_field", "POST", "/tokenize", R"({"prompt": "hi", "stream": true})", 400, "stream",
+       "unknown_parameter"},
+      {"detokenize_outside_vocab", "POST", "/detokenize", R"({"tokens": [1, 99999]})", 400, "tokens", "invalid_value"},
+      {"detokenize_not_ids", "POST", "/detokenize", R"({"tokens": "hi"})", 400, "tokens", "invalid_type"},
+      {"detokenize_unknown_model", "POST", "/detokenize", R"({"tokens": [1], "model": "gpt-5"})", 404, "model",
+       "model_not_found"},
+      {"tokenize_wrong_method", "GET", "/tokenize", "", 405, nullptr, "method_not_allowed"},
       {"wrong_method", "GET", c, "", 405, nullptr, "method_not_allowed"},
       {"unknown_route", "GET", "/v1/engines", "", 404, nullptr, "not_found"},
       {"unknown_route_post", "POST", "/v2/completions", R"({"prompt": "hi"})", 404, nullptr, "not_found"},
