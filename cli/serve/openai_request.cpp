@@ -352,40 +352,48 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   return r;
 }
 
-TokenizeRequest parse_tokenize_request(std::string_view body) {
+namespace {
+
+// A small request: its body's fields read by `read` into a T with a `model`, unknown fields refused.
+template <class T, class Read>
+T parse_small_request(std::string_view body, Read read) {
   const json j = parse_body(body);
   Fields f(j);
-  TokenizeRequest t;
-  if (auto m = f.string("model")) t.model = *m;
-  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
-  if (has_prompt == (j.contains("messages") && !j["messages"].is_null())) {
-    throw bad_field(has_prompt ? "messages" : "prompt", "give either 'prompt' (a text) or 'messages' (a chat)",
-                    has_prompt ? "invalid_value" : "missing_required_parameter");
-  }
-  if (has_prompt) {
-    if (auto p = f.string("prompt")) t.text = *p;
-  } else {
-    OpenAiRequest chat;
-    read_messages(f, chat);
-    t.chat = true;
-    t.messages = std::move(chat.messages);
-  }
-  t.add_special_tokens = f.boolean("add_special_tokens").value_or(true);
+  T out;
+  if (auto m = f.string("model")) out.model = *m;
+  read(j, f, out);
   f.refuse_unknown();
-  return t;
+  return out;
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  return parse_small_request<TokenizeRequest>(body, [](const json& j, Fields& f, TokenizeRequest& t) {
+    const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+    if (has_prompt == (j.contains("messages") && !j["messages"].is_null())) {
+      throw bad_field(has_prompt ? "messages" : "prompt", "give either 'prompt' (a text) or 'messages' (a chat)",
+                      has_prompt ? "invalid_value" : "missing_required_parameter");
+    }
+    if (has_prompt) {
+      t.text = *f.string("prompt");
+    } else {
+      OpenAiRequest chat;
+      read_messages(f, chat);
+      t.chat = true;
+      t.messages = std::move(chat.messages);
+    }
+    t.add_special_tokens = f.boolean("add_special_tokens").value_or(true);
+  });
 }
 
 DetokenizeRequest parse_detokenize_request(std::string_view body) {
-  const json j = parse_body(body);
-  Fields f(j);
-  DetokenizeRequest d;
-  if (auto m = f.string("model")) d.model = *m;
-  const json* tokens = f.get("tokens");
-  if (tokens == nullptr) throw bad_field("tokens", "'tokens' is required", "missing_required_parameter");
-  if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
-  d.tokens = token_ids(*tokens, "tokens", "an array of token ids (integers)");
-  f.refuse_unknown();
-  return d;
+  return parse_small_request<DetokenizeRequest>(body, [](const json&, Fields& f, DetokenizeRequest& d) {
+    const json* tokens = f.get("tokens");
+    if (tokens == nullptr) throw bad_field("tokens", "'tokens' is required", "missing_required_parameter");
+    if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
+    d.tokens = token_ids(*tokens, "tokens", "an array of token ids (integers)");
+  });
 }
 
 }  // namespace tessera::serve
