@@ -64,6 +64,7 @@ void Engine::draft(std::vector<ForwardSeq>& batch, const std::vector<Sequence*>&
     s->verify_tokens.insert(s->verify_tokens.end(), s->draft.begin(), s->draft.end());
     batch[i].tokens = s->verify_tokens;
     batch[i].logit_rows = int64_t(s->verify_tokens.size());
+    batch[i].verifies = true;
   }
 }
 

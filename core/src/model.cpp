@@ -240,6 +240,7 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
   s.host_slots.clear();
   s.host_tables.clear();
   s.host_seqs.clear();
+  s.host_verifies.clear();
   s.host_logit_rows.clear();
   int32_t row = 0;
   for (const ForwardSeq& fs : batch) {
@@ -257,6 +258,7 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
     d.context_len = static_cast<int32_t>(end);
     d.block_table_offset = static_cast<int32_t>(s.host_tables.size());
     s.host_seqs.push_back(d);
+    s.host_verifies.push_back(fs.verifies ? 1 : 0);
     s.host_tables.insert(s.host_tables.end(), table.begin(), table.end());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = fs.start_pos + i;
@@ -401,6 +403,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   step.seqs = s.seqs;
   step.block_tables = s.block_tables;
   step.host_seqs = s.host_seqs;
+  step.host_verifies = s.host_verifies;
   for (const auto& d : s.host_seqs) {
     step.max_q_len = std::max(step.max_q_len, d.q_len);
     step.max_context_len = std::max(step.max_context_len, d.context_len);

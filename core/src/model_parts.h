@@ -34,6 +34,7 @@ struct Model::Scratch {
   std::vector<uint8_t> host_step;
   std::vector<int32_t> host_ids, host_positions, host_slots, host_tables, host_logit_rows;
   std::vector<AttentionSeqDesc> host_seqs;
+  std::vector<uint8_t> host_verifies;  // per sequence: ForwardSeq::verifies
 };
 
 }  // namespace tessera

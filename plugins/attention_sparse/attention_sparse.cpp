@@ -3,6 +3,8 @@
 // the blocks of its local window and the best-scoring share of the rest (by the backend's cheap
 // mean-query · mean-key block scores), and attention runs densely over the kept blocks only.
 // Decode steps (one query) stay dense: choosing blocks per generated token costs more than it saves.
+// So do speculative verification passes (AttentionStep::host_verifies): each of their queries must
+// get a decode step's output, or greedy speculation would not give the plain decode's tokens.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -80,14 +82,15 @@ class SparseAttention final : public Attention {
   }
 
  private:
-  // Which sequences go sparse this step (prefill chunks over at least min_context tokens), and
-  // where their entries start. False when every sequence stays dense.
+  // Which sequences go sparse this step (prefill chunks over at least min_context tokens, not
+  // verification passes), and where their entries start. False when every sequence stays dense.
   bool plan_layout(const AttentionStep& step) {
     seq_base_.assign(step.host_seqs.size(), -1);
     entries_ = 0;
     for (size_t i = 0; i < step.host_seqs.size(); ++i) {
       const AttentionSeqDesc& s = step.host_seqs[i];
-      if (s.q_len < 2 || s.context_len < min_context_) continue;
+      const bool verifies = i < step.host_verifies.size() && step.host_verifies[i] != 0;
+      if (verifies || s.q_len < 2 || s.context_len < min_context_) continue;
       seq_base_[i] = static_cast<int32_t>(entries_);
       entries_ += shape_.n_kv_heads * query_blocks(s);
     }

@@ -42,12 +42,15 @@ class SparseHarness {
   }
 
   // Runs the plugin over positions [0, len) in steps of the given sizes; returns every output row.
-  std::vector<float> run(Attention& att, const std::vector<int64_t>& chunks) {
+  // Steps from index `verify_from` on are marked as speculative verification passes.
+  std::vector<float> run(Attention& att, const std::vector<int64_t>& chunks, size_t verify_from = SIZE_MAX) {
     att.configure(shape_);
     const int64_t q_row = shape_.n_heads * shape_.head_dim, kv_row = shape_.n_kv_heads * shape_.head_dim;
     std::vector<float> out(q_.size(), NAN);
     int64_t start = 0;
-    for (int64_t n : chunks) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int64_t n = chunks[c];
+      const uint8_t verifies = c >= verify_from ? 1 : 0;
       std::vector<int32_t> slots;
       for (int64_t p = start; p < start + n; ++p) {
         slots.push_back(static_cast<int32_t>(table_[size_t(p / kBlock)] * kBlock + p % kBlock));
@@ -59,6 +62,7 @@ class SparseHarness {
       step.seqs = &desc;
       step.block_tables = table_.data();
       step.host_seqs = std::span<const AttentionSeqDesc>(&desc, 1);
+      step.host_verifies = std::span<const uint8_t>(&verifies, 1);
       step.max_q_len = int32_t(n);
       step.max_context_len = int32_t(start + n);
       att.forward(test::cpu_backend(), step, kv(), q_.data() + start * q_row, k_.data() + start * kv_row,
@@ -198,6 +202,23 @@ TEST(AttentionSparse, ShortContextsAndDecodeStepsStayDense) {
   std::vector<int64_t> chunks{135};
   for (int i = 0; i < 5; ++i) chunks.push_back(1);
   expect_close(h.run(*att, chunks), h.reference([](int64_t, int64_t, int64_t) { return true; }), 2e-5f);
+}
+
+TEST(AttentionSparse, VerificationPassesStayDense) {
+  // Speculative decoding verifies its drafts in passes of several tokens: each output must be a
+  // decode step's (dense), or greedy speculation would not reproduce the plain decode. A prefill
+  // chunk of the same shape still goes sparse.
+  SparseHarness h(8, 2, 16, 140, 9);
+  const nlohmann::json params = {{"block_size", 16}, {"sink_blocks", 0}, {"local_window", 0}, {"keep_ratio", 0.0},
+                                 {"min_context", 0}};
+  auto att = make(params);
+  const auto dense = h.reference([](int64_t, int64_t, int64_t) { return true; });
+  const auto verified = h.run(*att, {40, 100}, 0);
+  expect_close(verified, dense, 2e-5f);
+  const auto prefilled = h.run(*make(params), {40, 100});
+  float largest = 0;
+  for (size_t i = 0; i < prefilled.size(); ++i) largest = std::max(largest, std::abs(prefilled[i] - dense[i]));
+  EXPECT_GT(largest, 1e-2f) << "the same chunks as a prefill are sparse";
 }
 
 TEST(AttentionSparse, RefusesBadParameters) {

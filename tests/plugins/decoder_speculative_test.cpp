@@ -143,6 +143,46 @@ TEST(Speculative, EqualsPlainGreedyOnAHalfPrecisionCache) {
   }
 }
 
+// Block-sparse attention approximates prefill and keeps decode dense; verification passes look
+// like short prefill chunks, but each of their queries must get what a decode step gives, or
+// greedy speculation changes the tokens (it did, 8 tokens into a 390-token prompt's answer).
+TEST(Speculative, EqualsPlainGreedyOverBlockSparseAttention) {
+  const nlohmann::json sparse = {{"plugin", "sparse"}, {"block_size", 64}, {"sink_blocks", 1}, {"local_window", 128},
+                                 {"keep_ratio", 0.5}, {"min_context", 256}};
+  auto tokens_of = [&](const nlohmann::json& decoder) {
+    nlohmann::json components = paged_continuous(decoder);
+    components["attention"] = sparse;
+    auto p = test::cpu_pipeline(test::kStoriesF32, components);
+    const std::string text = test::read_text(test::kShared + "/eval/tiny_stories_eval.txt");
+    std::vector<int32_t> prompt = p->tokenizer().encode(text, true);
+    std::vector<GenerationResult> out;
+    Engine engine(*p);
+    for (const size_t n : {271, 390, 426}) {  // past min_context: each prefill goes sparse
+      GenerationRequest req;
+      req.prompt.assign(prompt.begin(), prompt.begin() + ptrdiff_t(n));
+      req.max_tokens = 40;
+      req.ignore_eos = true;
+      SamplingParams greedy;
+      greedy.temperature = 0;
+      greedy.logprobs = 0;
+      req.sampling = greedy;
+      engine.submit(req);
+    }
+    engine.run_until_idle();
+    out = engine.take_finished();
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    return out;
+  };
+  const auto plain = tokens_of({{"plugin", "sampling"}, {"temperature", 0}});
+  const auto spec = tokens_of(proposers().at("ngram"));
+  ASSERT_EQ(plain.size(), 3u);
+  ASSERT_EQ(spec.size(), 3u);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "prompt " << i;
+    EXPECT_EQ(spec[i].logprobs, plain[i].logprobs) << "prompt " << i;
+  }
+}
+
 TEST(Speculative, SeededSamplingIsBatchIndependentAndCancellationFreesEverything) {
   for (const std::string name : {"ngram", "draft_model"}) {
     auto p = test::cpu_pipeline(test::kStoriesF32, paged_continuous(proposers().at(name)));

@@ -26,6 +26,10 @@ struct AttentionStep {
   const AttentionSeqDesc* seqs = nullptr;  // backend memory
   const int32_t* block_tables = nullptr;   // backend memory
   std::span<const AttentionSeqDesc> host_seqs;  // the same descriptors in host memory
+  // Per sequence, in host_seqs' order: 1 where its queries verify speculative drafts, so each
+  // query's output must be a one-token decode step's (an attention that approximates prefill, such
+  // as block-sparse, stays exact there, or greedy speculation would change the tokens).
+  std::span<const uint8_t> host_verifies;
   int32_t max_q_len = 0;
   int32_t max_context_len = 0;
 };

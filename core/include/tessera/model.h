@@ -47,6 +47,9 @@ struct ForwardSeq {
   std::span<const int32_t> tokens;
   int64_t start_pos = 0;
   int64_t logit_rows = 1;
+  // Its tokens verify speculative drafts: each one's output must be what a one-token decode step
+  // gives (AttentionStep::host_verifies).
+  bool verifies = false;
 };
 
 class Model {
