@@ -144,13 +144,21 @@ class LayerSkipProposer final : public ModelProposer {
   Attention* attention_ = nullptr;
 };
 
-// A relative path is tried from the working directory, then from the pipeline file's folder and its
-// parent (as the pipeline's own model path is).
+// A relative path is tried from the working directory, then from the folder of the pipeline file
+// that wrote it (an extended file's, where a pipeline inherits the parameter) and its parent, as a
+// pipeline's own model path is.
 std::string resolve(const std::string& path, const PipelineSpec& spec) {
   namespace fs = std::filesystem;
   fs::path p = path;
-  if (p.is_relative() && !fs::exists(p) && !spec.path.empty()) {
-    const fs::path dir = fs::path(spec.path).parent_path();
+  // From the file that wrote draft_model: an extended pipeline's, when this one only inherits it.
+  std::string from = spec.path;
+  const auto& where = spec.components.at(ComponentKind::decoder).param_where;
+  if (const auto it = where.find("draft_model"); it != where.end()) {
+    const std::string file = it->second.substr(0, it->second.rfind(':'));
+    if (fs::is_regular_file(file)) from = file;
+  }
+  if (p.is_relative() && !fs::exists(p) && !from.empty()) {
+    const fs::path dir = fs::path(from).parent_path();
     for (const fs::path& cand : {dir / p, dir.parent_path() / p}) {
       if (fs::exists(cand)) return cand.string();
     }

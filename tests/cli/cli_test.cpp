@@ -324,6 +324,24 @@ TEST(Cli, LogitsThatOverflowFailTheRequestAndTheEvalNamingTheCause) {
   EXPECT_NE(o.text.find("perplexity: the baseline's logits are not finite"), std::string::npos) << o.text;
 }
 
+TEST(Cli, AnInheritedDraftModelPathIsFoundFromTheFileThatWroteIt) {
+  // base/spec.yaml names its draft model relative to itself (base/models/draft.gguf); other/child.yaml
+  // extends it and restates the decoder, inheriting that path, which resolves neither from the
+  // working directory nor from the child's folder.
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/base/models");
+  std::filesystem::create_directories(dir.path() + "/other");
+  std::filesystem::copy_file(test::kStoriesQ8, dir.path() + "/base/models/draft.gguf");
+  dir.write("base/spec.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/default.yaml\n"
+                              "components:\n  decoder: { plugin: speculative, proposer: draft_model, "
+                              "draft_model: models/draft.gguf }\n");
+  const std::string child = dir.write("other/child.yaml", "extends: ../base/spec.yaml\n"
+                                                          "components:\n  decoder: { plugin: speculative, window: 2 }\n");
+  const Output o = tessera_cmd("run -p '" + child + "' -n 8 'Once upon a time'");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("drafts accepted"), std::string::npos) << o.text;
+}
+
 TEST(Cli, AQuantizerThatQuantizesNoWeightSaysSo) {
   // stories260K's rows are 64 and 172 long: groups of 128 fit none of them, so every weight stays
   // f32 and the run would otherwise pass for an int4 one.
