@@ -295,7 +295,7 @@ void HttpServer::routes() {
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.status = 200;
-    res.set_content(metrics_.render(engine_.snapshot(), in_flight_), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics_.render(engine_.snapshot(), in_flight_, pipeline_.decoder().speculator() != nullptr), "text/plain; version=0.0.4; charset=utf-8");
   });
 
   // Known routes with the wrong method: 405 naming the allowed one.

@@ -35,11 +35,21 @@ void sample(std::string& out, const std::string& name, const std::string& labels
 
 std::string user_label(const std::string& user) { return "user=\"" + prom_escape(user) + "\""; }
 
-// Speculative decoding: draft tokens proposed and accepted, globally and per user. EngineStats does
-// not report them yet; when it does, emit tessera_draft_tokens_total, tessera_draft_accepted_total and
-// tessera_draft_acceptance_rate (and their tessera_user_ forms) here. Until then the page states
-// nothing about drafts rather than a made-up number.
-void write_draft_metrics(std::string& /*out*/, const EngineSnapshot& /*snapshot*/) {}
+// Speculative decoding, from the engine's counters (server-wide; the engine does not keep them per
+// request): draft tokens the target scored, those it accepted, and their ratio. A pipeline that does
+// not speculate states nothing about drafts rather than zeros.
+void write_draft_metrics(std::string& out, const EngineSnapshot& snapshot, bool speculates) {
+  if (!speculates) return;
+  const SpeculationStats& s = snapshot.engine.speculation;
+  header(out, "tessera_draft_tokens_total", "counter", "Draft tokens the target model verified.");
+  sample(out, "tessera_draft_tokens_total", "", double(s.proposed));
+  header(out, "tessera_draft_accepted_total", "counter", "Draft tokens the target model accepted.");
+  sample(out, "tessera_draft_accepted_total", "", double(s.accepted));
+  header(out, "tessera_draft_verifications_total", "counter", "Sequence steps that verified drafts.");
+  sample(out, "tessera_draft_verifications_total", "", double(s.verifications));
+  header(out, "tessera_draft_acceptance_rate", "gauge", "Accepted over verified draft tokens, since the start.");
+  sample(out, "tessera_draft_acceptance_rate", "", s.acceptance_rate());
+}
 
 }  // namespace
 
@@ -106,7 +116,7 @@ void ServerMetrics::observe(const std::string& user, const GenerationResult& r) 
   }
 }
 
-std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_flight) const {
+std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_flight, bool speculates) const {
   std::lock_guard lock(mutex_);
   std::string out;
   header(out, "tessera_http_requests_total", "counter", "HTTP requests answered, by route and status.");
@@ -204,7 +214,7 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
   header(out, "tessera_user_prefix_cache_blocks", "gauge", "Full blocks held for prefix reuse, per user.");
   for (const auto& [user, p] : c.users) sample(out, "tessera_user_prefix_cache_blocks", user_label(user), double(p.cached_blocks));
 
-  write_draft_metrics(out, snap);
+  write_draft_metrics(out, snap, speculates);
   return out;
 }
 

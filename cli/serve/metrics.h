@@ -40,8 +40,8 @@ class ServerMetrics {
   void count_user(const std::string& user, int status);
   // A finished generation: tokens in/out and its latencies (seconds on the engine clock).
   void observe(const std::string& user, const GenerationResult& result);
-  // The whole page.
-  std::string render(const EngineSnapshot& snapshot, int64_t http_in_flight) const;
+  // The whole page; draft metrics where the pipeline `speculates`.
+  std::string render(const EngineSnapshot& snapshot, int64_t http_in_flight, bool speculates = false) const;
 
  private:
   struct Series {

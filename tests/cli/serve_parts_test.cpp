@@ -193,6 +193,20 @@ TEST(StreamingHelpers, MetricsEscapeLabelValuesAndCapUsers) {
   EXPECT_NE(page.find("tessera_user_requests_total{user=\"_other\",status=\"200\"} 10"), std::string::npos);
 }
 
+TEST(StreamingHelpers, MetricsCarryDraftAcceptanceWhereThePipelineSpeculates) {
+  serve::EngineSnapshot snap;
+  snap.engine.speculation.verifications = 5;
+  snap.engine.speculation.proposed = 20;
+  snap.engine.speculation.accepted = 15;
+  serve::ServerMetrics m;
+  const std::string page = m.render(snap, 0, true);
+  for (const char* line : {"tessera_draft_tokens_total 20\n", "tessera_draft_accepted_total 15\n",
+                           "tessera_draft_verifications_total 5\n", "tessera_draft_acceptance_rate 0.75\n"}) {
+    EXPECT_NE(page.find(line), std::string::npos) << line << page;
+  }
+  EXPECT_EQ(m.render(snap, 0, false).find("tessera_draft_"), std::string::npos);
+}
+
 
 // Loopback sockets: a listener, a client connected to it and the accepted end.
 struct SocketPair {
