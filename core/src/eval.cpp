@@ -106,7 +106,8 @@ PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens,
     chunk_logits(pipeline, tokens, c, ctx, logits);
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
       const float* row = logits.data() + j * vocab;
-      scores.add(row, vocab, tokens[size_t(c * ctx + j + 1)], finite_log_sum_exp(row, vocab, c * ctx + j, "model's "));
+      const double lse = finite_log_sum_exp(row, vocab, c * ctx + j, "model's ");
+      scores.add(row, vocab, tokens[size_t(c * ctx + j + 1)], lse);
     }
   }
   return scores.result(chunks, seconds_since(start));
