@@ -53,8 +53,21 @@ RunResult run_trace(Pipeline& pipeline, const Trace& trace, const Workload& work
   std::vector<int64_t> index_of(size_t(total) + 1, -1);  // request id -> trace index
   std::mutex ids_mutex;
 
+  // KV in use, sampled after every step and at each request's first token: a request admitted and
+  // finished within one step (one output token) holds its blocks only inside that step.
+  Cache& cache = pipeline.cache();
+  auto sample_kv = [&] {
+    const CacheStats cs = cache.stats();
+    out.kv_bytes_peak = std::max(out.kv_bytes_peak, cs.bytes_used);
+    out.kv_blocks_peak = std::max(out.kv_blocks_peak, cs.blocks_used);
+  };
   auto submit = [&](int64_t i) {
-    const RequestId id = engine.submit(make_request(trace.requests[size_t(i)], workload));
+    GenerationRequest req = make_request(trace.requests[size_t(i)], workload);
+    req.on_token = [&sample_kv, first = true](RequestId, int32_t) mutable {  // on the engine's thread
+      if (first) sample_kv();
+      first = false;
+    };
+    const RequestId id = engine.submit(std::move(req));
     std::lock_guard lock(ids_mutex);
     if (id >= index_of.size()) index_of.resize(id + 1, -1);
     index_of[id] = i;
@@ -95,12 +108,9 @@ RunResult run_trace(Pipeline& pipeline, const Trace& trace, const Workload& work
 
   int64_t finished = 0;
   try {
-    Cache& cache = pipeline.cache();
     while (finished < total && !stop) {
       const bool worked = engine.step();
-      const CacheStats cs = cache.stats();
-      out.kv_bytes_peak = std::max(out.kv_bytes_peak, cs.bytes_used);
-      out.kv_blocks_peak = std::max(out.kv_blocks_peak, cs.blocks_used);
+      sample_kv();
       for (GenerationResult& r : engine.take_finished()) {
         int64_t i;
         {

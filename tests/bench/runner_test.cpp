@@ -31,6 +31,17 @@ Workload workload(const std::string& arrival) {
                         "w.yaml");
 }
 
+TEST(Runner, KvPeakCountsRequestsThatFinishWithinTheirFirstStep) {
+  // One output token: each request is admitted, prefilled and finished in one step, so its blocks
+  // are free again by the time the step returns.
+  auto p = pipeline({{"plugin", "paged"}, {"block_size", 16}, {"memory", "16MiB"}}, {{"plugin", "fcfs"}, {"max_seqs", 4}});
+  const Workload w = parse_workload("requests: 4\narrival: {process: closed, concurrency: 2}\n"
+                                    "classes:\n  - {name: a, prompt: 40, output: 1}\n", "w.yaml");
+  const RunResult r = run_trace(*p, make_trace(w, p->tokenizer(), 512), w, {});
+  EXPECT_GE(r.kv_blocks_peak, 3) << "40 prompt tokens in blocks of 16";
+  EXPECT_GT(r.kv_bytes_peak, 0u);
+}
+
 TEST(Runner, ClosedLoopRunsEveryRequestToItsLength) {
   auto p = pipeline({{"plugin", "contiguous"}, {"max_seqs", 4}}, {{"plugin", "fcfs"}, {"max_seqs", 4}});
   const Workload w = workload("{process: closed, concurrency: 3}");
