@@ -102,14 +102,15 @@ std::string render_markdown(const json& r) {
 
   out << "## Ratios against " << (ref.empty() ? "the reference" : ref)
       << "\n\nLatency and memory: below 1 is better. Throughput: above 1 is better.\n\n";
-  header(out, {"pipeline", "output tok/s", "req/s", "TTFT P50", "TTFT P95", "TTFT P99", "TPOT P50", "TPOT P99",
-               "E2E P50", "E2E P99", "peak RSS", "KV pool", "KV peak"});
+  header(out, {"pipeline", "output tok/s", "req/s", "TTFT P50", "TTFT P95", "TTFT P99", "TPOT P50", "TPOT P95",
+               "TPOT P99", "ITL P50", "ITL P95", "E2E P50", "E2E P95", "E2E P99", "peak RSS", "KV pool", "KV peak"});
   for (const auto& p : r["pipelines"]) {
     if (p["status"] != "ok") continue;
     const json& x = p["ratios"];
     row(out, {str(p["name"]), ratio(x["output_tokens_per_s"]), ratio(x["requests_per_s"]), ratio(x["ttft_p50"]),
-              ratio(x["ttft_p95"]), ratio(x["ttft_p99"]), ratio(x["tpot_p50"]), ratio(x["tpot_p99"]),
-              ratio(x["e2e_p50"]), ratio(x["e2e_p99"]), ratio(x["peak_rss_bytes"]), ratio(x["kv_bytes_total"]),
+              ratio(x["ttft_p95"]), ratio(x["ttft_p99"]), ratio(x["tpot_p50"]), ratio(x["tpot_p95"]),
+              ratio(x["tpot_p99"]), ratio(x["itl_p50"]), ratio(x["itl_p95"]), ratio(x["e2e_p50"]),
+              ratio(x["e2e_p95"]), ratio(x["e2e_p99"]), ratio(x["peak_rss_bytes"]), ratio(x["kv_bytes_total"]),
               ratio(x["kv_bytes_peak"])});
   }
   out << "\n## Latency (ms)\n\nTTFT: submission to first token. TPOT: per request, (last token - first token) / "
