@@ -24,7 +24,7 @@ struct EvalArgs {
   std::string baseline_model;  // overrides the baseline's model (default: -m, if given)
   std::string text;
   std::string prompts_file;
-  int64_t ctx = 128;
+  int64_t ctx = 0;  // 0: 128, or the model's context where that is shorter
   int64_t greedy_tokens = 96;
   bool sensitivity = false;
   std::string sensitivity_by = "tensor";
@@ -63,12 +63,13 @@ std::vector<std::string> load_prompts(const std::string& path) {
   return out;
 }
 
-void eval(const EvalArgs& args) {
+void eval(EvalArgs args) {
   const std::string text = read_file(args.text, "text file");
   Registry registry;
   load_plugins(registry);
   const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
   auto pipeline = build_pipeline(registry, spec, args.pipeline);
+  if (args.ctx == 0) args.ctx = std::min<int64_t>(128, pipeline->max_sequence_tokens());
   const Tokenizer& tok = pipeline->tokenizer();
   const std::vector<int32_t> tokens = tok.encode(text, true);
   std::unique_ptr<Pipeline> baseline;
@@ -201,7 +202,8 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("eval", "Perplexity of a pipeline on a text file, optionally against a baseline");
   add_pipeline_options(*cmd, args->pipeline);
   cmd->add_option("--text", args->text, "text file to score")->required();
-  cmd->add_option("--ctx", args->ctx, "chunk length in tokens")->check(kPositive);
+  cmd->add_option("--ctx", args->ctx, "chunk length in tokens (default 128, or the model's context where shorter)")
+      ->check(kPositive);
   CLI::Option* baseline = cmd->add_option("--baseline", args->baseline, "baseline pipeline to compare against");
   // What only a comparison uses needs the baseline, rather than being ignored without one.
   cmd->add_option("--baseline-model", args->baseline_model, "model for the baseline (default: -m, else its own)")

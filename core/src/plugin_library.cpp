@@ -1,5 +1,6 @@
 #include "plugin_library.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 
 #include <cstddef>
@@ -51,10 +52,21 @@ void check_elf_file(const std::string& path) {
 
 PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.string()) {
   if (!std::filesystem::exists(path)) throw Error(path_ + ": plugin library not found");
+  if (!std::filesystem::is_regular_file(path)) throw Error(path_ + ": not a plugin library (not a regular file)");
   check_elf_file(path_);
   boost::dll::fs::error_code ec;
   library_.load(path, ec, boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
-  if (ec) throw Error(path_ + ": cannot load plugin library: " + ec.message());
+  if (ec) {
+    // Boost's error code says "Bad file descriptor" for a missing dependency; the dynamic loader
+    // says which library is missing: ask it again, to word the refusal.
+    std::string why = ec.message();
+    if (void* h = dlopen(path_.c_str(), RTLD_LAZY | RTLD_LOCAL); h != nullptr) {
+      dlclose(h);
+    } else if (const char* e = dlerror(); e != nullptr) {
+      why = e;
+    }
+    throw Error(path_ + ": cannot load plugin library: " + why);
+  }
   if (!library_.has(TESSERA_PLUGIN_ENTRY_SYMBOL)) {
     throw Error(path_ + ": not a Tessera plugin (no exported '" TESSERA_PLUGIN_ENTRY_SYMBOL
                 "' entry point)");

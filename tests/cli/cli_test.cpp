@@ -230,6 +230,16 @@ TEST(Cli, EvalPrintsThePerplexity) {
   EXPECT_NEAR(j["perplexity"].get<double>(), 4.7634, 0.02);
 }
 
+TEST(Cli, EvalsDefaultChunkFitsAShortContext) {
+  // --ctx defaults to 128, or to the model's context where that is shorter (64 here).
+  test::TempDir dir;
+  const std::string model = dir.path() + "/ctx64.gguf";
+  ASSERT_EQ(tessera_cmd("synth --preset tiny --context 64 -o '" + model + "'").status, 0);
+  const Output o = tessera_cmd("eval -m '" + model + "' --text '" + test::kShared + "/eval/tiny_stories_eval.txt'");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find(" chunks of 64,"), std::string::npos) << o.text;
+}
+
 TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_cli_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

@@ -91,8 +91,13 @@ int main(int argc, char** argv) {
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       return 0;
-    } else {
+    } else if (a.rfind("--gtest_", 0) == 0) {
       rest.push_back(argv[i]);
+    } else {
+      // A mistyped flag (--libary) must not run the installed suites and pass without testing the
+      // library meant.
+      std::cerr << "error: unknown argument '" << a << "'\n" << kUsage;
+      return 1;
     }
   }
   std::vector<ComponentKind> kinds(std::begin(kAllKinds), std::end(kAllKinds));

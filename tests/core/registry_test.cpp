@@ -56,6 +56,17 @@ TEST(Registry, RefusesALibraryWithoutTheEntryPoint) {
   EXPECT_NE(load_error(r, "libtestlib_missing.so").find("not found"), std::string::npos);
 }
 
+TEST(Registry, AMissingDependencyIsNamedAsTheLoaderNamesIt) {
+  // Boost.DLL's error code alone said "Bad file descriptor".
+  Registry r;
+  const std::string msg = load_error(r, "libtestlib_missing_dep.so");
+  EXPECT_NE(msg.find("libtestlib_missing_dep.so: cannot load plugin library: libtestlib_dep.so: cannot open shared "
+                     "object file"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(r.all_entries().empty());
+}
+
 TEST(Registry, RefusesTruncatedAndNonElfFilesWithoutLoadingThem) {
   // A library cut short (an interrupted build or copy) would fault inside dlopen; it is refused
   // from its headers, as are files that are not shared libraries at all.

@@ -4,10 +4,15 @@
 //   TESTLIB_VARIANT 4: wrong build identity
 //   TESTLIB_VARIANT 5: registration throws
 //   TESTLIB_VARIANT 6: no entry point at all
+//   TESTLIB_VARIANT 7: a valid plugin that needs a library the loader cannot find (testlib_dep)
 #include <memory>
 #include <stdexcept>
 
 #include "tessera/plugin.h"
+
+#if TESTLIB_VARIANT == 7
+extern "C" int testlib_dep_value();
+#endif
 
 namespace {
 
@@ -21,13 +26,15 @@ class NullQuantizer final : public tessera::Quantizer {
 [[maybe_unused]] void register_test(tessera::Registrar& r) {
 #if TESTLIB_VARIANT == 5
   throw std::runtime_error("deliberate failure in test plugin");
+#elif TESTLIB_VARIANT == 7
+  if (testlib_dep_value() != 7) throw std::runtime_error("testlib_dep");
 #endif
   r.add<tessera::Quantizer>("dup_test", "test", {}, [](const tessera::Params&) { return std::make_unique<NullQuantizer>(); });
 }
 
 }  // namespace
 
-#if TESTLIB_VARIANT == 1 || TESTLIB_VARIANT == 2 || TESTLIB_VARIANT == 5
+#if TESTLIB_VARIANT == 1 || TESTLIB_VARIANT == 2 || TESTLIB_VARIANT == 5 || TESTLIB_VARIANT == 7
 TESSERA_PLUGIN("testlib", register_test)
 #elif TESTLIB_VARIANT == 3 || TESTLIB_VARIANT == 4
 extern "C" __attribute__((visibility("default"))) const tessera::PluginManifest* tessera_plugin_entry() noexcept {
