@@ -322,7 +322,7 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   } else {
     r.logprobs = f.boolean("logprobs").value_or(false);
     if (auto top = f.integer("top_logprobs", 0, kMaxLogprobs)) {
-      if (!r.logprobs) throw bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      if (!r.logprobs && *top > 0) throw bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
       r.top_logprobs = *top;
     }
   }

@@ -149,6 +149,15 @@ TEST_F(Serve, TokenizeGivesTheIdsAGenerationStartsFromAndDetokenizeTheirText) {
   EXPECT_EQ(chat_ids["count"], chat["usage"]["prompt_tokens"]) << chat_ids.dump();
 }
 
+TEST_F(Serve, ChatTopLogprobsZeroNeedsNoLogprobs) {
+  // What some clients send by default: no logprobs asked for, so none given, and no 400.
+  auto c = server_->client();
+  const json r = post_json(c, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3},
+                            {"logprobs", false}, {"top_logprobs", 0}});
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null()) << r.dump();
+}
+
 TEST_F(Serve, ChatUsesTheDefaultTemplateWithoutOneInTheModel) {
   auto c = server_->client();
   const json messages = {{{"role", "system"}, {"content", "You tell stories."}},
