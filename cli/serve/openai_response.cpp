@@ -33,10 +33,12 @@ json completion_logprobs(const GenerationResult& r, const Tokenizer& tok) {
     lps.push_back(i < r.logprobs.size() ? json(r.logprobs[i]) : json());
     offsets.push_back(offset);
     offset += piece.size();
+    // The N most likely tokens and, as OpenAI's legacy API does ("up to logprobs + 1"), the chosen one.
     json top = json::object();
     if (i < r.top_logprobs.size()) {
       for (const TokenLogprob& t : r.top_logprobs[i]) top[tok.token_to_piece(t.token)] = t.logprob;
     }
+    if (i < r.logprobs.size() && !top.contains(piece)) top[piece] = r.logprobs[i];
     tops.push_back(top);
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};

@@ -149,6 +149,20 @@ TEST_F(Serve, TokenizeGivesTheIdsAGenerationStartsFromAndDetokenizeTheirText) {
   EXPECT_EQ(chat_ids["count"], chat["usage"]["prompt_tokens"]) << chat_ids.dump();
 }
 
+TEST_F(Serve, CompletionTopLogprobsHoldTheChosenTokenToo) {
+  // As OpenAI's legacy API: "up to logprobs + 1" entries, the sampled token always among them.
+  auto c = server_->client();
+  const json r = post_json(c, "/v1/completions",
+                           {{"prompt", kStory}, {"max_tokens", 6}, {"logprobs", 0}, {"temperature", 1.5}, {"seed", 3}});
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u) << r.dump();
+  for (size_t i = 0; i < 6; ++i) {
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 1u) << top.dump();
+    EXPECT_EQ(top.at(lp["tokens"][i].get<std::string>()), lp["token_logprobs"][i]);
+  }
+}
+
 TEST_F(Serve, ChatTopLogprobsZeroNeedsNoLogprobs) {
   // What some clients send by default: no logprobs asked for, so none given, and no 400.
   auto c = server_->client();
