@@ -312,12 +312,14 @@ void HttpServer::routes() {
     s.Delete(path, not_allowed("POST"));
     s.Patch(path, not_allowed("POST"));
   }
-  for (const char* path : kGetRoutes) {
+  auto get_only = [&](const char* path) {
     s.Post(path, httplib::Server::Handler(not_allowed("GET")));
     s.Put(path, httplib::Server::Handler(not_allowed("GET")));
     s.Delete(path, httplib::Server::Handler(not_allowed("GET")));
     s.Patch(path, httplib::Server::Handler(not_allowed("GET")));
-  }
+  };
+  for (const char* path : kGetRoutes) get_only(path);
+  get_only(R"(/v1/models/(.+))");
 
   // httplib's own refusals (no route, body too large, malformed HTTP) get the same JSON errors.
   s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,

@@ -487,6 +487,7 @@ std::vector<BadRequest> bad_requests() {
       {"detokenize_unknown_model", "POST", "/detokenize", R"({"tokens": [1], "model": "gpt-5"})", 404, "model",
        "model_not_found"},
       {"tokenize_wrong_method", "GET", "/tokenize", "", 405, nullptr, "method_not_allowed"},
+      {"model_by_id_wrong_method", "POST", "/v1/models/stories260K-f32", "{}", 405, nullptr, "method_not_allowed"},
       {"wrong_method", "GET", c, "", 405, nullptr, "method_not_allowed"},
       {"unknown_route", "GET", "/v1/engines", "", 404, nullptr, "not_found"},
       {"unknown_route_post", "POST", "/v2/completions", R"({"prompt": "hi"})", 404, nullptr, "not_found"},
