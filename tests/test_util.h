@@ -40,6 +40,19 @@ inline std::string message_of(const std::function<void()>& f) {
 inline const std::string kShared = TESSERA_SHARED_DIR;
 inline const std::string kStoriesF32 = kShared + "/models/stories260K/stories260K-f32.gguf";
 inline const std::string kStoriesQ8 = kShared + "/models/stories260K/stories260K-q8_0.gguf";
+// A `tessera bench` workload small enough for tests: 6 requests, two classes, two users, shared
+// system prompts, prompts drawn from the vocabulary.
+inline const char* const kTinyBenchWorkload = R"(name: tiny
+requests: 6
+seed: 11
+arrival: { process: closed, concurrency: 3 }
+users: { count: 2 }
+system_prompt: { length: 24, share: 0.5 }
+prompts: { source: vocabulary }
+classes:
+  - { name: short, weight: 2, prompt: [8, 24], output: [4, 8] }
+  - { name: long, weight: 1, prompt: 40, output: 12 }
+)";
 inline const std::string kAidreamsF32 = kShared + "/models/aidreams260K/aidreams260K-f32.gguf";
 
 // One registry with every plugin of the build tree, shared by a test binary.

@@ -21,20 +21,8 @@ json read_report(const std::string& dir) {
   return in ? json::parse(in, nullptr, false) : json();
 }
 
-const char* kTinyWorkload = R"(name: tiny
-requests: 6
-seed: 11
-arrival: { process: closed, concurrency: 3 }
-users: { count: 2 }
-system_prompt: { length: 24, share: 0.5 }
-prompts: { source: vocabulary }
-classes:
-  - { name: short, weight: 2, prompt: [8, 24], output: [4, 8] }
-  - { name: long, weight: 1, prompt: 40, output: 12 }
-)";
-
 std::string common_flags(const test::TempDir& dir, const std::string& out) {
-  return "--workload '" + dir.write("tiny.yaml", kTinyWorkload) + "' --out '" + dir.path() + "/" + out +
+  return "--workload '" + dir.write("tiny.yaml", test::kTinyBenchWorkload) + "' --out '" + dir.path() + "/" + out +
          "' --probe-seconds 0.05 --no-accuracy -q";
 }
 
