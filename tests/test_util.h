@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "tessera/device_buffer.h"
 #include "tessera/engine.h"
 #include "tessera/error.h"
+#include "tessera/gguf.h"
 #include "tessera/model.h"
 #include "tessera/pipeline.h"
 #include "tessera/registry.h"
@@ -188,6 +191,25 @@ inline Output tessera_cmd(const std::string& args) {
   const int status = pclose(pipe);
   out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return out;
+}
+
+// stories260K with output_norm scaled up to float's limit, written into `dir`: every weight finite
+// (the file loads), the head's sums past it, so every logit is infinite or NaN. Returns its path.
+inline std::string write_overflowing_model(const TempDir& dir) {
+  const std::string path = dir.path() + "/overflow.gguf";
+  std::filesystem::copy_file(kStoriesF32, path);
+  const auto file = GgufFile::open(kStoriesF32);
+  const GgufTensor* norm = file->find_tensor("output_norm.weight");
+  if (norm == nullptr || norm->dtype != DType::F32) throw Error("write_overflowing_model: no f32 output_norm");
+  const auto* w = static_cast<const float*>(norm->data);
+  std::vector<float> scaled(w, w + norm->elements());
+  float largest = 0;
+  for (const float x : scaled) largest = std::max(largest, std::abs(x));
+  for (float& x : scaled) x *= 3e38f / largest;
+  std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+  out.seekp(std::streamoff(norm->offset));
+  out.write(reinterpret_cast<const char*>(scaled.data()), std::streamsize(scaled.size() * 4));
+  return path;
 }
 
 // The result of `req` run in a fresh engine beside `companions` (same batch, same steps): with

@@ -533,6 +533,7 @@ void HttpServer::generate(Endpoint endpoint, const std::string& body, const http
     }
     if (result->reason == FinishReason::error) {
       if (!engine_.failure().empty()) throw ApiError(500, result->error, "", "internal_error");
+      if (result->model_fault) throw ApiError(500, result->error, "", "generation_failed", "server_error");
       throw bad_field("", result->error, "generation_failed");
     }
     if (result->reason == FinishReason::cancelled) {

@@ -284,13 +284,20 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     const auto tokens_before = int64_t(s->tokens.size());
     // An overflow upstream (weights, or activations past f16's range in an f16 KV cache) makes the
     // logits NaN or infinite, and any token "chosen" from them is noise: fail the request, naming
-    // the cause. The chosen token's logit is the one checked: a NaN row gives a NaN choice.
-    if (!item.tokens.empty() && !std::isfinite(item.logits[item.tokens[0]])) {
+    // the cause. Each token's chosen logit is checked (row k for token k of a speculative step): a
+    // NaN row gives a NaN choice. Ids outside the vocabulary are left to the check below.
+    size_t bad = item.tokens.size();
+    for (size_t k = 0; k < item.tokens.size() && bad == item.tokens.size(); ++k) {
+      const int32_t tok = item.tokens[k];
+      if (tok >= 0 && tok < vocab && !std::isfinite(item.logits[k * size_t(vocab) + size_t(tok)])) bad = k;
+    }
+    if (bad < item.tokens.size()) {
       s->result.error = "the model's logits are not finite (NaN or infinity) at generated token " +
-                        std::to_string(s->result.tokens.size() + 1) + ": its weights or activations overflow" +
+                        std::to_string(s->result.tokens.size() + bad + 1) + ": its weights or activations overflow" +
                         (pipeline_.spec().kv_dtype == DType::F16
                              ? " (the f16 KV cache holds values up to 65504: try kv_dtype f32 or bf16)"
                              : "");
+      s->result.model_fault = true;
       finish(*s, FinishReason::error);
       continue;
     }

@@ -5,7 +5,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "tessera/gguf.h"
 #include "tessera/plugin.h"
 #include "test_util.h"
 
@@ -302,21 +301,7 @@ TEST(Cli, LogitsThatOverflowFailTheRequestAndTheEvalNamingTheCause) {
   // loads), the head's sums past it. Greedy argmax over NaN would "choose" token 0 and a KL
   // divergence of max(0, NaN) read 0.
   test::TempDir dir;
-  const std::string path = dir.path() + "/overflow.gguf";
-  std::filesystem::copy_file(test::kStoriesF32, path);
-  {
-    const auto file = GgufFile::open(test::kStoriesF32);
-    const GgufTensor* norm = file->find_tensor("output_norm.weight");
-    ASSERT_TRUE(norm != nullptr && norm->dtype == DType::F32);
-    const auto* w = static_cast<const float*>(norm->data);
-    std::vector<float> scaled(w, w + norm->elements());
-    float largest = 0;
-    for (const float x : scaled) largest = std::max(largest, std::abs(x));
-    for (float& x : scaled) x *= 3e38f / largest;
-    std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
-    out.seekp(std::streamoff(norm->offset));
-    out.write(reinterpret_cast<const char*>(scaled.data()), std::streamsize(scaled.size() * 4));
-  }
+  const std::string path = test::write_overflowing_model(dir);
   Output o = tessera_cmd("run -m '" + path + "' -n 4 hello");
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_NE(o.text.find("the model's logits are not finite (NaN or infinity) at generated token 1"), std::string::npos)

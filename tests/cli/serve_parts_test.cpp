@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "serve/api_error.h"
 #include "serve/chat_template.h"
 #include "serve/metrics.h"
@@ -208,51 +210,73 @@ TEST(StreamingHelpers, MetricsCarryDraftAcceptanceWhereThePipelineSpeculates) {
 }
 
 
-// Loopback sockets: a listener, a client connected to it and the accepted end.
-struct SocketPair {
-  int listener = -1, client = -1, accepted = -1, port = 0, client_port = 0;
-  SocketPair() {
+// Loopback sockets: a listener, and clients connected to it with their accepted ends.
+struct Loopback {
+  struct Connection {
+    int client = -1, accepted = -1, client_port = 0;
+  };
+  int listener = -1, port = 0;
+  std::vector<Connection> connections;
+  sockaddr_in address{};
+
+  Loopback() {
     listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(listener, 4) != 0 ||
-        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof address;
+    if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(listener, 4) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len) != 0) {
       throw Error("loopback listener failed");
     }
-    port = ntohs(a.sin_port);
-    client = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw Error("connect failed");
-    accepted = accept(listener, nullptr, nullptr);
-    sockaddr_in c{};
-    len = sizeof c;
-    getsockname(client, reinterpret_cast<sockaddr*>(&c), &len);
-    client_port = ntohs(c.sin_port);
+    port = ntohs(address.sin_port);
   }
-  ~SocketPair() {
-    for (int fd : {listener, client, accepted}) {
-      if (fd >= 0) close(fd);
+  Connection& connect() {
+    Connection c;
+    c.client = socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(c.client, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) throw Error("connect failed");
+    c.accepted = accept(listener, nullptr, nullptr);
+    sockaddr_in self{};
+    socklen_t len = sizeof self;
+    getsockname(c.client, reinterpret_cast<sockaddr*>(&self), &len);
+    c.client_port = ntohs(self.sin_port);
+    return connections.emplace_back(c);
+  }
+  // The client resets (SO_LINGER 0): its accepted end loses its peer.
+  void reset(Connection& c) {
+    const linger abort{1, 0};
+    setsockopt(c.client, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
+    close(c.client);
+    c.client = -1;
+    for (int i = 0; i < 100 && !serve::peer_closed(c.accepted); ++i) usleep(1000);
+  }
+  ~Loopback() {
+    for (const Connection& c : connections) {
+      for (int fd : {c.client, c.accepted}) {
+        if (fd >= 0) close(fd);
+      }
     }
+    close(listener);
   }
 };
 
 TEST(PeerSocket, FindsTheConnectionAndTellsAResetOneFromNone) {
-  SocketPair s;
-  ASSERT_GE(s.accepted, 0);
-  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port), s.accepted);
-  EXPECT_FALSE(serve::peer_closed(s.accepted));
-  const int other_port = s.client_port + 1 == s.port ? s.client_port + 2 : s.client_port + 1;
-  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", other_port), -1)
+  Loopback net;
+  const Loopback::Connection a = net.connect();
+  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", a.client_port), a.accepted);
+  EXPECT_FALSE(serve::peer_closed(a.accepted));
+  const int other_port = a.client_port + 1 == net.port ? a.client_port + 2 : a.client_port + 1;
+  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", other_port), -1)
       << "another peer's connection is not this one, and none was reset";
-  // The client resets: the accepted socket loses its peer, so no lookup by peer finds it.
-  const linger abort{1, 0};
-  setsockopt(s.client, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
-  close(s.client);
-  s.client = -1;
-  for (int i = 0; i < 100 && !serve::peer_closed(s.accepted); ++i) usleep(1000);
-  EXPECT_TRUE(serve::peer_closed(s.accepted));
-  EXPECT_EQ(serve::connection_socket(s.port, "127.0.0.1", s.client_port), serve::kConnectionReset);
+  // A second connection is reset: no lookup by peer can find it, so its request is told apart as
+  // gone, while the first connection still resolves to its own socket.
+  Loopback::Connection& b = net.connect();
+  const int b_port = b.client_port;
+  net.reset(b);
+  EXPECT_TRUE(serve::peer_closed(b.accepted));
+  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", b_port), serve::kConnectionReset);
+  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", a.client_port), a.accepted)
+      << "a healthy connection beside a reset one is still found";
+  EXPECT_FALSE(serve::peer_closed(a.accepted));
 }
 
 }  // namespace

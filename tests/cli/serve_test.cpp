@@ -599,6 +599,19 @@ std::string long_stream(int max_tokens = 1500, const std::string& user = "anonym
       .dump();
 }
 
+TEST(ServeLimits, AModelWhoseLogitsOverflowIsTheServersFault) {
+  // Not the request's: a 500 naming the cause, so that clients and monitoring treat it as one.
+  test::TempDir dir;
+  ServerProcess server({"-m", test::write_overflowing_model(dir)});
+  auto c = server.client();
+  auto res = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 4})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 500) << res->body;
+  const json e = json::parse(res->body)["error"];
+  EXPECT_EQ(e["code"], "generation_failed");
+  EXPECT_NE(e["message"].get<std::string>().find("logits are not finite"), std::string::npos) << res->body;
+}
+
 TEST(ServeLimits, AFullQueueGets429WithRetryAfter) {
   test::TempDir dir;
   ServerProcess server({"-p", test::slow_serve_pipeline(dir, "  max_queue: 1\n")});

@@ -28,7 +28,8 @@ struct AttentionStep {
   std::span<const AttentionSeqDesc> host_seqs;  // the same descriptors in host memory
   // Per sequence, in host_seqs' order: 1 where its queries verify speculative drafts, so each
   // query's output must be a one-token decode step's (an attention that approximates prefill, such
-  // as block-sparse, stays exact there, or greedy speculation would change the tokens).
+  // as block-sparse, stays exact there, or greedy speculation would change the tokens). May be
+  // empty (a caller that never verifies): read it only below its size.
   std::span<const uint8_t> host_verifies;
   int32_t max_q_len = 0;
   int32_t max_context_len = 0;

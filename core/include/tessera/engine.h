@@ -59,6 +59,8 @@ struct GenerationResult {
   std::vector<double> token_times;  // when each generated token was produced
   int64_t preemptions = 0;
   std::string error;  // why the request failed (reason == error)
+  // The failure was the model's (logits not finite: an overflow), not the request's.
+  bool model_fault = false;
 
   double queue_time() const { return admitted > 0 ? admitted - submitted : 0; }
   double ttft() const { return first_token > 0 ? first_token - submitted : 0; }
