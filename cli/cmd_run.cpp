@@ -71,7 +71,7 @@ void run(const RunArgs& args) {
   std::vector<RequestId> ids;
   for (const auto& text : prompts) {
     GenerationRequest req;
-    req.prompt = tok.encode(text, tok.vocabulary().add_bos);
+    req.prompt = tok.encode(text, true);
     if (req.prompt.empty()) req.prompt.push_back(tok.bos());
     req.max_tokens = args.max_tokens;
     req.sampling = sampling;

@@ -24,6 +24,14 @@ using nlohmann::json;
 
 namespace {
 
+// A text prompt's ids as a generation starts from them (/tokenize reports the same): BOS and EOS
+// where the vocabulary asks for them, and BOS alone for an empty text that gives no token.
+std::vector<int32_t> prompt_ids(const Tokenizer& tok, const std::string& text) {
+  std::vector<int32_t> ids = tok.encode(text, true);
+  if (ids.empty() && tok.bos() >= 0) ids.push_back(tok.bos());
+  return ids;
+}
+
 // Routes by method (the others get 405 naming the right one), and all of them for the metrics.
 const char* const kPostRoutes[] = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"};
 const char* const kGetRoutes[] = {"/v1/models", "/health", "/metrics"};
@@ -367,7 +375,7 @@ json HttpServer::tokenize(const TokenizeRequest& r) const {
   const std::string field = r.chat ? "messages" : "prompt";
   std::vector<int32_t> ids;
   try {
-    ids = r.chat ? chat_.encode(tok, r.messages) : tok.encode(r.text, r.add_special_tokens && tok.vocabulary().add_bos);
+    ids = r.chat ? chat_.encode(tok, r.messages) : r.add_special_tokens ? prompt_ids(tok, r.text) : tok.encode(r.text, false);
   } catch (const Error& e) {
     throw bad_field(field, "cannot tokenize '" + field + "': " + e.what());
   }
@@ -398,7 +406,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
       g.stop_tokens = chat_.stop_tokens(tok);
       for (const auto& s : chat_.stop_strings(tok)) g.stop.push_back(s);
     } else if (r.prompt_text) {
-      g.prompt = tok.encode(*r.prompt_text, tok.vocabulary().add_bos);
+      g.prompt = prompt_ids(tok, *r.prompt_text);
     } else {
       g.prompt = r.prompt_tokens;
     }

@@ -66,6 +66,7 @@ Vocabulary load_vocabulary(const GgufFile& f) {
   v.unk = read_special_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, n);
   v.pad = read_special_id(f, "tokenizer.ggml.padding_token_id", -1, n);
   v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", true);
+  v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", spm);
   return v;
 }

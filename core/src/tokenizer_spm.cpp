@@ -1,7 +1,9 @@
 // SentencePiece-style BPE (tokenizer.ggml.model = "llama"), as llama.cpp's SPM tokenizer does it:
 // spaces become U+2581, the text is split into UTF-8 characters, and the adjacent pair whose
 // concatenation is the highest-scoring vocabulary token is merged until no pair is a token.
-// Characters that are no token fall back to <0xNN> byte tokens.
+// Characters that are no token fall back to <0xNN> byte tokens. User-defined tokens (added
+// pieces such as "<|user|>") are cut out of the text first and never split.
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <queue>
@@ -91,19 +93,96 @@ class SpmTokenizer final : public Tokenizer {
         case kTokenControl:
         case kTokenUnused: break;  // no text
         case kTokenUnknown: pieces_[id] = kUnknownPiece; break;
-        case kTokenUserDefined: pieces_[id] = text; break;
+        case kTokenUserDefined:
+          pieces_[id] = text;
+          if (!text.empty()) user_defined_.push_back(id);
+          break;
         default: pieces_[id] = replace_all(text, kSpaceMarker, " "); break;
       }
     }
+    std::stable_sort(user_defined_.begin(), user_defined_.end(), [&](int32_t a, int32_t b) {
+      return vocab_.tokens[size_t(a)].size() > vocab_.tokens[size_t(b)].size();
+    });
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
     std::vector<int32_t> out;
-    if (add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
-    if (text.empty()) return out;
+    if (add_special && vocab_.add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
+    // The text between user-defined tokens goes through BPE, with the space prefix at the start and
+    // after each such token (as llama.cpp prefixes the text after a special token).
+    bool after_token = true;
+    for (const Fragment& f : partition(text)) {
+      if (f.token >= 0) {
+        out.push_back(f.token);
+      } else {
+        encode_text(f.text, after_token && vocab_.add_space_prefix, out);
+      }
+      after_token = f.token >= 0;
+    }
+    if (add_special && vocab_.add_eos && vocab_.eos >= 0) out.push_back(vocab_.eos);
+    return out;
+  }
 
-    std::string s = vocab_.add_space_prefix ? std::string(kSpaceMarker) : std::string();
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    bool after_bos = false;
+    for (int32_t id : ids) {
+      check_id(id);
+      const std::string& piece = pieces_[id];
+      // Undo the space encode put in front of the text: it follows BOS. A completion decoded on its
+      // own (no BOS) keeps its leading space, as it reads after the prompt.
+      if (after_bos && vocab_.add_space_prefix && !piece.empty() && piece[0] == ' ') {
+        out.append(piece, 1);
+      } else {
+        out += piece;
+      }
+      after_bos = id == vocab_.bos || (after_bos && piece.empty());
+    }
+    return out;
+  }
+
+  std::string token_to_piece(int32_t id) const override {
+    check_id(id);
+    return pieces_[id];
+  }
+
+ private:
+  struct Fragment {
+    std::string_view text;
+    int32_t token = -1;  // a user-defined token, or text (-1)
+  };
+
+  // The text cut at every occurrence of a user-defined token, longest tokens first (as llama.cpp's
+  // tokenizer_st_partition), into those tokens and the (non-empty) text between them.
+  std::vector<Fragment> partition(std::string_view text) const {
+    std::vector<Fragment> parts, next;
+    if (!text.empty()) parts.push_back({text});
+    for (const int32_t id : user_defined_) {
+      const std::string_view piece = vocab_.tokens[size_t(id)];
+      next.clear();
+      for (const Fragment& f : parts) {
+        std::string_view rest = f.text;
+        for (size_t at; f.token < 0 && (at = rest.find(piece)) != std::string_view::npos;) {
+          if (at > 0) next.push_back({rest.substr(0, at)});
+          next.push_back({piece, id});
+          rest.remove_prefix(at + piece.size());
+        }
+        if (f.token >= 0) {
+          next.push_back(f);
+        } else if (!rest.empty()) {
+          next.push_back({rest});
+        }
+      }
+      parts.swap(next);
+    }
+    return parts;
+  }
+
+  // One piece of text (no user-defined token in it) through BPE, its ids appended to out.
+  void encode_text(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const {
+    std::string s = space_prefix ? std::string(kSpaceMarker) : std::string();
     s += replace_all(text, " ", kSpaceMarker);
+    if (s.empty()) return;
 
     // Symbols form a linked list over s; a merged-away symbol has len 0.
     struct Symbol {
@@ -171,36 +250,12 @@ class SpmTokenizer final : public Tokenizer {
                     "': it is not in the vocabulary, which has neither byte tokens nor <unk>");
       }
     }
-    return out;
   }
 
-  std::string decode(std::span<const int32_t> ids) const override {
-    std::string out;
-    bool after_bos = false;
-    for (int32_t id : ids) {
-      check_id(id);
-      const std::string& piece = pieces_[id];
-      // Undo the space encode put in front of the text: it follows BOS. A completion decoded on its
-      // own (no BOS) keeps its leading space, as it reads after the prompt.
-      if (after_bos && vocab_.add_space_prefix && !piece.empty() && piece[0] == ' ') {
-        out.append(piece, 1);
-      } else {
-        out += piece;
-      }
-      after_bos = id == vocab_.bos || (after_bos && piece.empty());
-    }
-    return out;
-  }
-
-  std::string token_to_piece(int32_t id) const override {
-    check_id(id);
-    return pieces_[id];
-  }
-
- private:
   std::unordered_map<std::string, int32_t, StrHash, std::equal_to<>> token_ids_;
   std::array<int32_t, 256> byte_ids_{};
   std::vector<std::string> pieces_;  // token_to_piece, precomputed
+  std::vector<int32_t> user_defined_;  // user-defined tokens with text, longest first
 };
 
 }  // namespace

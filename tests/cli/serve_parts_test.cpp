@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "serve/api_error.h"
@@ -18,11 +19,13 @@
 #include "tessera/error.h"
 #include "tessera/gguf.h"
 #include "tessera/pipeline_spec.h"
+#include "tessera/tokenizer.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
+using nlohmann::json;
 using serve::ChatFormat;
 using serve::ChatMessage;
 using serve::ChatTemplate;
@@ -176,6 +179,45 @@ TEST(OpenAiRequests, FieldsAreReadWithOpenAiConventions) {
   EXPECT_EQ(part.param(), "messages[0].content[0].type");
   const auto field = parse_error(Endpoint::chat, R"({"messages": [{"role": "user", "content": "x", "mood": 1}]})");
   EXPECT_EQ(field.param(), "messages[0].mood");
+}
+
+// Logprobs name tokens as OpenAI does: text_offset counts characters of the text (Python string
+// indices), a byte token that is part of a character is "bytes:\xNN" with its raw bytes (two of
+// them never share one U+FFFD key in top_logprobs), and EOS shows its vocabulary text.
+TEST(OpenAiResponses, LogprobsNameByteTokensAndCountOffsetsInCharacters) {
+  const auto tok = Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
+  const std::vector<std::string>& vocab = tok->vocabulary().tokens;
+  auto byte_token = [&](const char* text) {
+    return int32_t(std::find(vocab.begin(), vocab.end(), text) - vocab.begin());
+  };
+  GenerationResult r;
+  r.tokens = tok->encode("\xE6\x97\xA5\xE6\x97\xA5 x", false);  // " ", 日 and 日 as three byte tokens each, " ", "x"
+  ASSERT_EQ(r.tokens.size(), 9u);
+  ASSERT_EQ(r.tokens[1], byte_token("<0xE6>"));
+  r.tokens.push_back(tok->eos());
+  r.text = tok->decode(r.tokens);
+  r.reason = FinishReason::eos;
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    r.logprobs.push_back(-0.25f * float(i));
+    r.top_logprobs.push_back({{r.tokens[i], r.logprobs.back()}, {byte_token("<0xC4>"), -3.0f}});
+  }
+  serve::OpenAiRequest req;
+  req.logprobs = true;
+  const json c = serve::response_json({}, r, req, *tok)["choices"][0]["logprobs"];
+  EXPECT_EQ(c["text_offset"], json({0, 1, 2, 2, 2, 3, 3, 3, 4, 5})) << c.dump();  // " 日日 x": 日 at 1 and 2
+  EXPECT_EQ(c["tokens"][1], "bytes:\\xe6");
+  EXPECT_EQ(c["tokens"][2], "bytes:\\x97");
+  EXPECT_EQ(c["tokens"][9], "</s>");
+  for (size_t i = 0; i < r.tokens.size(); ++i) EXPECT_EQ(c["top_logprobs"][i].size(), 2u) << c.dump();
+  EXPECT_EQ(c["top_logprobs"][1]["bytes:\\xc4"], -3.0f);
+  EXPECT_TRUE(json::accept(serve::dump_json(c))) << "names must be valid UTF-8";
+
+  const serve::ResponseMeta chat{serve::Endpoint::chat};
+  const json content = serve::response_json(chat, r, req, *tok)["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content[1]["token"], "bytes:\\xe6");
+  EXPECT_EQ(content[1]["bytes"], json({0xE6}));
+  EXPECT_EQ(content[1]["top_logprobs"][1]["bytes"], json({0xC4}));
+  EXPECT_EQ(content[9]["token"], "</s>");
 }
 
 TEST(StreamingHelpers, Utf8PrefixHoldsBackAnUnfinishedCharacter) {

@@ -253,6 +253,33 @@ TEST(TokenizerTest, MergeOrderAndFallbacks) {
   }
 }
 
+// User-defined tokens (added pieces such as "<|user|>") are matched whole, longest first, and the text
+// after one takes the space prefix again, as llama.cpp's llama_tokenize does; the special flag adds
+// BOS and EOS where the vocabulary asks for them.
+TEST(TokenizerTest, UserDefinedTokensAndTheVocabularysBosAndEos) {
+  Vocabulary v = load_vocabulary(*GgufFile::open(kStories));
+  v.tokens[511] = "<|user|>";
+  v.types[511] = kTokenUserDefined;
+  v.tokens[510] = "<|u";  // shorter, inside the longer one: the longer wins where both match
+  v.types[510] = kTokenUserDefined;
+  {
+    const auto t = Tokenizer::create(v);
+    // llama.cpp: "Hi " | <|user|> | " x" with the space prefix ("\u2581\u2581x").
+    EXPECT_EQ(t->encode("Hi <|user|> x", true), (std::vector<int32_t>{1, 320, 417, 410, 511, 410, 410, 444}));
+    EXPECT_EQ(t->encode("<|user|><|user|>", false), (std::vector<int32_t>{511, 511}));
+    std::vector<int32_t> partial = {510};  // "<|u" whole, then "s" with the space prefix
+    for (const int32_t id : t->encode("s", false)) partial.push_back(id);
+    EXPECT_EQ(t->encode("<|us", false), partial);
+    EXPECT_EQ(t->decode(t->encode("a <|user|>b", true)), "a <|user|> b");  // the prefix space shows
+    EXPECT_EQ(t->encode("", true), (std::vector<int32_t>{1}));
+  }
+  v.add_eos = true;
+  EXPECT_EQ(Tokenizer::create(v)->encode("Hi", true), (std::vector<int32_t>{1, 320, 417, 2}));
+  EXPECT_EQ(Tokenizer::create(v)->encode("Hi", false), (std::vector<int32_t>{320, 417}));
+  v.add_bos = false;
+  EXPECT_EQ(Tokenizer::create(v)->encode("Hi", true), (std::vector<int32_t>{320, 417, 2}));
+}
+
 TEST(TokenizerTest, UnsupportedModelAndBadVocabularies) {
   Vocabulary v = toy_vocab();
   v.model = "gpt2";

@@ -33,11 +33,12 @@ struct Vocabulary {
   std::vector<std::string> merges;
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = true;
+  bool add_eos = false;
   bool add_space_prefix = true;
 };
 
 // Reads tokenizer.ggml.{model, tokens, scores, token_type, merges, bos_token_id, eos_token_id,
-// unknown_token_id, padding_token_id, add_bos_token, add_space_prefix}. Throws Error when tokens are
+// unknown_token_id, padding_token_id, add_bos_token, add_eos_token, add_space_prefix}. Throws Error when tokens are
 // missing, arrays disagree in length, or a special id is outside the vocabulary.
 Vocabulary load_vocabulary(const GgufFile& f);
 
@@ -45,7 +46,10 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  // Token ids of `text`, as llama.cpp's llama_tokenize(parse_special = false): user-defined tokens
+  // (TokenType 4) match as whole tokens, control tokens' texts ("<s>") are plain text. With
+  // add_special, BOS first and EOS last where the vocabulary asks for them (add_bos, add_eos).
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
   // Text of a sequence. The space that encode adds after BOS is removed, so decode(encode(x, true))
   // == x; a completion decoded alone (no BOS) keeps its leading space, as it continues a prompt.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
