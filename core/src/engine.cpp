@@ -158,23 +158,30 @@ bool Engine::step() {
         // The scheduler is waiting on purpose (a batch filling up): don't spin.
         std::this_thread::sleep_for(std::chrono::duration<double>(std::min(plan.retry_after, 0.005)));
       } else {
-        // Nothing runs and nothing was admitted: even an empty cache cannot hold the oldest request.
-        // Fail that request alone; the others go on.
-        Sequence& s = *waiting_.front();
+        // Nothing runs and nothing was admitted: even an empty cache cannot hold the request the
+        // scheduler tried to place (else, having tried none, the oldest). Fail that request alone;
+        // the others go on.
+        const std::optional<SeqId> refused = budget.first_refused();
+        auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                               [&](const auto& w) { return refused && w->result.id == *refused; });
+        if (it == waiting_.end()) it = waiting_.begin();
+        Sequence& s = **it;
         const CacheStats cs = cache.stats();
         auto count = [](int64_t n, const char* what) {
           return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
         };
+        const auto prompt = int64_t(s.request.prompt.size()), held = int64_t(s.tokens.size());
         // A prompt larger than the whole pool fits whatever the scheduler keeps in reserve.
-        const bool prompt_fits = int64_t(s.tokens.size()) <= cs.blocks_total * cs.block_size;
-        s.result.error = "the KV cache cannot hold this request (" + count(int64_t(s.tokens.size()), "token") +
+        const bool prompt_fits = prompt <= cs.blocks_total * cs.block_size;
+        s.result.error = "the KV cache cannot hold this request (" + count(prompt, "prompt token") +
+                         (held > prompt ? " and " + std::to_string(held - prompt) + " generated" : "") +
                          ", up to " + std::to_string(s.max_total) + " with the tokens to generate) in " +
                          count(cs.blocks_total, "block") + " of " + count(cs.block_size, "token") +
                          "; give the cache more memory, " +
                          (prompt_fits ? "ask for fewer tokens, or lower the scheduler's admission_reserve"
                                       : "or send a shorter prompt");
         finish(s, FinishReason::error);
-        waiting_.erase(waiting_.begin());
+        waiting_.erase(it);
       }
     }
     std::lock_guard lock(mutex_);

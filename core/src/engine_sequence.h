@@ -58,7 +58,9 @@ class Engine::Budget final : public KvBudget {
       lookahead_[seq] = extra;
       return true;
     }
-    return try_reserve(*s, total_tokens);
+    if (try_reserve(*s, total_tokens)) return true;
+    if (!refused_) refused_ = seq;
+    return false;
   }
 
   void release(SeqId seq) override {
@@ -84,6 +86,11 @@ class Engine::Budget final : public KvBudget {
 
   const std::optional<CachePlan>& plan() const { return plan_; }
 
+  // The first sequence whose reservation did not fit this step, if any: where nothing runs and
+  // nothing was admitted, the one even an empty cache cannot hold (the scheduler's order, which
+  // may not be the queue's: priorities, preempted sequences put back).
+  std::optional<SeqId> first_refused() const { return refused_; }
+
  private:
   bool try_reserve(const Sequence& s, int64_t total_tokens) {
     const SeqId seq = s.result.id;
@@ -108,6 +115,7 @@ class Engine::Budget final : public KvBudget {
   std::optional<CachePlan> plan_;
   std::map<SeqId, int64_t> lookahead_;
   std::map<SeqId, int64_t> requested_;
+  std::optional<SeqId> refused_;
 };
 
 }  // namespace tessera

@@ -142,7 +142,7 @@ TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
   for (const auto& r : engine.take_finished()) {
     if (r.id == bad) {
       EXPECT_EQ(r.reason, FinishReason::error);
-      EXPECT_NE(r.error.find("cannot hold this request (20 tokens, up to 24 with the tokens to generate) in "),
+      EXPECT_NE(r.error.find("cannot hold this request (20 prompt tokens, up to 24 with the tokens to generate) in "),
                 std::string::npos)
           << r.error;
       // The prompt alone is more than the pool holds: a smaller reserve cannot help.
@@ -153,6 +153,40 @@ TEST(Engine, ARequestTheCacheCanNeverHoldFailsAloneWithAReason) {
       EXPECT_EQ(r.id, good);
       EXPECT_EQ(r.tokens, (std::vector<int32_t>{432, 383, 286, 261, 376, 298, 315, 421}));
       EXPECT_EQ(r.reason, FinishReason::length);
+    }
+  }
+}
+
+// The request that fails is the one the scheduler could not place, not the queue's oldest: here a
+// later one of higher priority that no empty cache could hold (6 blocks of 16 tokens) goes first.
+TEST(Engine, TheRequestThatCannotFitFailsNotTheOneAheadOfItInTheQueue) {
+  auto p = test::cpu_pipeline(test::kStoriesF32,
+                              {{"cache", {{"plugin", "paged"}, {"block_size", 16}, {"memory", 6 * 16 * 1280}}},
+                               {"scheduler", {{"plugin", "continuous"}, {"admission_reserve", 0}}}});
+  Engine engine(*p);
+  GenerationRequest small;
+  small.prompt = {1, 403, 407, 261, 378};
+  small.max_tokens = 20;
+  small.ignore_eos = true;
+  const RequestId first = engine.submit(small);
+  small.prompt.push_back(292);
+  const RequestId second = engine.submit(small);
+  GenerationRequest big = small;
+  big.prompt.assign(120, 300);
+  big.prompt[0] = 1;
+  big.priority = 5;
+  const RequestId bad = engine.submit(big);
+  engine.run_until_idle();
+  const auto results = engine.take_finished();
+  ASSERT_EQ(results.size(), 3u);
+  for (const auto& r : results) {
+    if (r.id == bad) {
+      EXPECT_EQ(r.reason, FinishReason::error);
+      EXPECT_NE(r.error.find("(120 prompt tokens, up to 140 with"), std::string::npos) << r.error;
+    } else {
+      EXPECT_TRUE(r.id == first || r.id == second);
+      EXPECT_EQ(r.reason, FinishReason::length) << r.error;
+      EXPECT_EQ(r.tokens.size(), 20u);
     }
   }
 }
