@@ -195,11 +195,11 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
   }
 
   // Prefix reuse (zero for caches without it), globally and per user as the cache reports them.
-  header(out, "tessera_prefix_cache_hit_rate", "gauge", "Share of looked-up prompt tokens found in the prefix cache.");
+  header(out, "tessera_prefix_cache_hit_rate", "gauge", "Share of looked-up tokens found in the prefix cache (lookups include recomputation after preemption).");
   sample(out, "tessera_prefix_cache_hit_rate", "", c.prefix.hit_rate());
-  header(out, "tessera_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
+  header(out, "tessera_prefix_cache_hit_tokens_total", "counter", "Tokens found in the prefix cache, at admission and at recomputation after preemption.");
   sample(out, "tessera_prefix_cache_hit_tokens_total", "", double(c.prefix.hit_tokens));
-  header(out, "tessera_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  header(out, "tessera_prefix_cache_lookup_tokens_total", "counter", "Tokens looked up in the prefix cache, at admission and at recomputation after preemption.");
   sample(out, "tessera_prefix_cache_lookup_tokens_total", "", double(c.prefix.lookup_tokens));
   header(out, "tessera_prefix_cache_blocks", "gauge", "Full blocks held for prefix reuse.");
   sample(out, "tessera_prefix_cache_blocks", "", double(c.prefix.cached_blocks));
@@ -207,7 +207,7 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
   sample(out, "tessera_prefix_cache_evictions_total", "", double(c.prefix.evictions));
   header(out, "tessera_user_prefix_cache_hit_rate", "gauge", "Prefix cache hit rate, per user.");
   for (const auto& [user, p] : c.users) sample(out, "tessera_user_prefix_cache_hit_rate", user_label(user), p.hit_rate());
-  header(out, "tessera_user_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache, per user.");
+  header(out, "tessera_user_prefix_cache_hit_tokens_total", "counter", "Tokens found in the prefix cache, per user (recomputation included).");
   for (const auto& [user, p] : c.users) {
     sample(out, "tessera_user_prefix_cache_hit_tokens_total", user_label(user), double(p.hit_tokens));
   }

@@ -200,8 +200,12 @@ bool Engine::step() {
       const int64_t reused = std::min<int64_t>(g.cached_tokens, int64_t(s->tokens.size()) - 1);
       if (reused > s->computed) {
         s->computed = reused;
-        s->result.cached_tokens = std::max(s->result.cached_tokens,
-                                           std::min<int64_t>(reused, int64_t(s->request.prompt.size())));
+        // Usage counts the prompt tokens found at admission (as vLLM's cached_tokens); a preempted
+        // sequence finding its own blocks again saves recomputation, not prompt work.
+        if (s->result.preemptions == 0) {
+          s->result.cached_tokens = std::max(s->result.cached_tokens,
+                                             std::min<int64_t>(reused, int64_t(s->request.prompt.size())));
+        }
       }
     }
   }

@@ -552,6 +552,11 @@ TEST(CachePrefixLruModel, ExactUnderChunkedPrefillPreemptionAndEviction) {
     expect_same_tokens(got, want);
     EXPECT_GT(got.engine.preemptions, 0) << "the pool was meant to be too small for all at once";
     EXPECT_GT(got.cache.prefix.hit_tokens, 0);
+    for (const auto& r : got.results) {
+      // Found at admission, where the last prompt token is always computed; a recomputation after
+      // preemption finding the sequence's own blocks again is no prompt token cached.
+      EXPECT_LT(r.cached_tokens, int64_t(r.prompt.size())) << "request " << r.id << ", " << r.preemptions << " preemptions";
+    }
     EXPECT_EQ(got.cache.blocks_used, 0);
     expect_consistent(got.cache);
   }
