@@ -423,7 +423,8 @@ void GgufFile::parse() {
     const auto* s = std::get_if<int64_t>(&v.scalar);
     const uint64_t a = u ? *u : (*s < 0 ? 0 : static_cast<uint64_t>(*s));
     if (a == 0 || (a & (a - 1)) != 0 || a > (1u << 30)) {
-      r.fail(*alignment_at, field, "alignment " + std::to_string(a) + " is not a power of two up to 2^30");
+      const std::string shown = u ? std::to_string(*u) : std::to_string(*s);  // as stored, sign included
+      r.fail(*alignment_at, field, "alignment " + shown + " is not a power of two up to 2^30");
     }
     alignment_ = a;
   } else {

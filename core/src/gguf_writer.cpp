@@ -113,9 +113,7 @@ uint32_t GgufWriter::ggml_type_id(DType t) {
 
 void GgufWriter::add_kv(const std::string& key, GgufType type, std::string payload) {
   if (key.empty()) throw Error("gguf writer: empty metadata key");
-  for (const auto& kv : kv_) {
-    if (kv.first == key) throw Error("gguf writer: duplicate metadata key '" + key + "'");
-  }
+  if (keys_.count(key) != 0) throw Error("gguf writer: duplicate metadata key '" + key + "'");
   if (key == "general.alignment") {
     uint32_t a = 0;
     if (type == GgufType::UINT32) std::memcpy(&a, payload.data(), 4);
@@ -124,6 +122,7 @@ void GgufWriter::add_kv(const std::string& key, GgufType type, std::string paylo
     }
     alignment_ = a;
   }
+  keys_.insert(key);
   kv_.emplace_back(key, scalar<uint32_t>(static_cast<uint32_t>(type)) + payload);
 }
 
@@ -185,9 +184,7 @@ GgufWriter::Tensor& GgufWriter::new_tensor(const std::string& name, std::vector<
   if (name.empty() || name.size() > kMaxName) {
     throw Error(what + ": names must be 1 to " + std::to_string(kMaxName) + " bytes");
   }
-  for (const Tensor& t : tensors_) {
-    if (t.name == name) throw Error(what + ": duplicate tensor name");
-  }
+  if (tensor_names_.count(name) != 0) throw Error(what + ": duplicate tensor name");
   if (shape.empty() || shape.size() > kMaxDims) throw Error(what + ": needs 1 to 4 dimensions");
   uint64_t elems = 1;
   for (int64_t d : shape) {
@@ -200,6 +197,7 @@ GgufWriter::Tensor& GgufWriter::new_tensor(const std::string& name, std::vector<
   const size_t row = dtype_row_bytes(dtype, shape[0]);  // throws for partial blocks
   Tensor t{name, std::move(shape), dtype, 0, {}, {}};
   t.nbytes = row * static_cast<size_t>(t.shape.size() > 1 ? elems / static_cast<uint64_t>(t.shape[0]) : 1);
+  tensor_names_.insert(name);
   tensors_.push_back(std::move(t));
   return tensors_.back();
 }
@@ -210,6 +208,7 @@ void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> shape,
   if (data.size() != t.nbytes) {
     const std::string n = std::to_string(t.nbytes), got = std::to_string(data.size());
     tensors_.pop_back();
+    tensor_names_.erase(name);
     throw Error("gguf writer: tensor '" + name + "': " + got + " bytes given, its shape and type need " + n);
   }
   t.data = std::move(data);

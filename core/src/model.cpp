@@ -62,6 +62,26 @@ ModelConfig read_model_config(const GgufFile& file) {
     throw Error(file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) +
                 " must be even and at most the head size " + std::to_string(c.head_dim));
   }
+  // Keys that change what the layers compute and that this engine does not implement: refused, as
+  // ignoring them would give other logits than llama.cpp's without a word.
+  auto unsupported = [&](const std::string& what) {
+    throw Error(file.path() + ": " + what + " is not supported (its outputs would differ from the model's)");
+  };
+  if (file.find(a + "rope.scaling.type") != nullptr) {
+    const std::string type = file.get_string(a + "rope.scaling.type");
+    if (type != "none") unsupported("RoPE scaling (" + a + "rope.scaling.type = " + type + ")");
+  }
+  for (const std::string key : {a + "rope.scaling.factor", a + "rope.scale_linear"}) {
+    const double factor = file.get_float(key, 0.0);
+    if (factor != 0.0 && factor != 1.0) unsupported("RoPE scaling (" + key + " = " + std::to_string(factor) + ")");
+  }
+  if (file.find_tensor("rope_freqs.weight") != nullptr) unsupported("RoPE frequency factors (tensor 'rope_freqs.weight')");
+  for (const std::string key : {a + "attention.key_length", a + "attention.value_length"}) {
+    if (const int64_t n = file.get_int(key, c.head_dim); n != c.head_dim) {
+      unsupported(key + " = " + std::to_string(n) + " (a head size other than embedding_length / head_count = " +
+                  std::to_string(c.head_dim) + ")");
+    }
+  }
   const GgufTensor* emb = file.find_tensor("token_embd.weight");
   if (emb == nullptr) throw Error(file.path() + ": tensor 'token_embd.weight' is missing");
   c.vocab = emb->rows();
@@ -75,7 +95,10 @@ const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
                                  std::vector<int64_t> shape) {
   const GgufTensor* t = f.find_tensor(name);
   if (t == nullptr) throw Error(f.path() + ": tensor '" + name + "' is missing");
-  if (t->shape != shape) {
+  // ggml counts missing dimensions as 1: trailing ones in the file are the same shape.
+  std::vector<int64_t> stored = t->shape;
+  while (stored.size() > shape.size() && stored.back() == 1) stored.pop_back();
+  if (stored != shape) {
     auto show = [](const std::vector<int64_t>& s) {
       std::string out = "[";
       for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);

@@ -21,6 +21,7 @@ namespace {
 constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space marker
 constexpr int64_t kMinVocab = 260;                 // 3 specials + 256 bytes + "▁"
 constexpr int64_t kMaxDim = int64_t(1) << 24;      // what read_model_config accepts
+constexpr int64_t kMaxLayers = 4096;                // 8x llama.cpp's LLAMA_MAX_LAYERS; 9 tensors each
 
 struct Preset {
   const char* name;
@@ -241,15 +242,15 @@ SynthSpec synth_preset(const std::string& name) {
 }
 
 void validate_synth_spec(const SynthSpec& s) {
-  auto range = [](const char* field, int64_t v, int64_t lo) {
-    if (v < lo || v > kMaxDim) {
+  auto range = [](const char* field, int64_t v, int64_t lo, int64_t hi = kMaxDim) {
+    if (v < lo || v > hi) {
       throw Error("synth: " + std::string(field) + " = " + std::to_string(v) + " is outside " +
-                  std::to_string(lo) + ".." + std::to_string(kMaxDim));
+                  std::to_string(lo) + ".." + std::to_string(hi));
     }
   };
   range("dim", s.dim, 2);
   range("ffn_dim", s.ffn_dim, 1);
-  range("layers", s.n_layers, 1);
+  range("layers", s.n_layers, 1, kMaxLayers);
   range("heads", s.n_heads, 1);
   range("kv_heads", s.n_kv_heads, 1);
   range("vocab", s.vocab, kMinVocab);
@@ -265,22 +266,29 @@ void validate_synth_spec(const SynthSpec& s) {
     throw Error("synth: the head size dim/heads = " + std::to_string(s.dim / s.n_heads) +
                 " must be even for RoPE");
   }
-  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) {
-    throw Error("synth: rope_theta = " + std::to_string(s.rope_theta) + " must be positive");
-  }
-  if (!(s.rms_eps > 0) || !std::isfinite(s.rms_eps)) {
-    throw Error("synth: rms_eps = " + std::to_string(s.rms_eps) + " must be positive");
-  }
+  // Stored as float32 (as llama.cpp reads them): the value must stay positive and finite there.
+  auto positive_float = [](const char* field, double v) {
+    const auto stored = static_cast<float>(v);
+    if (!(stored > 0) || !std::isfinite(stored)) {
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%g", v);
+      throw Error("synth: " + std::string(field) + " = " + shown + " must be a positive number a float32 holds (" +
+                  "about 1.2e-38 to 3.4e38)");
+    }
+  };
+  positive_float("rope_theta", s.rope_theta);
+  positive_float("rms_eps", s.rms_eps);
   if (file_type(s.dtype) == 0 && s.dtype != DType::F32) {
     throw Error("synth: dtype " + std::string(dtype_name(s.dtype)) +
                 " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
   }
 }
 
-int64_t synth_parameter_count(const SynthSpec& s) {
-  const int64_t kv_dim = s.dim / s.n_heads * s.n_kv_heads;
-  const int64_t per_layer = 2 * s.dim + 2 * s.dim * s.dim + 2 * s.dim * kv_dim + 3 * s.dim * s.ffn_dim;
-  return s.dim * s.vocab * (s.tied_output ? 1 : 2) + s.n_layers * per_layer + s.dim;
+double synth_parameter_count(const SynthSpec& s) {
+  // In double: the fields' ranges allow shapes whose count overflows int64 (refused by check_space).
+  const double dim = double(s.dim), kv_dim = double(s.dim / s.n_heads * s.n_kv_heads);
+  const double per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * double(s.ffn_dim);
+  return dim * double(s.vocab) * (s.tied_output ? 1 : 2) + double(s.n_layers) * per_layer + dim;
 }
 
 Vocabulary synth_vocabulary(int64_t size) {
@@ -296,13 +304,15 @@ namespace {
 // Refuses, before any work, a model the output's file system cannot hold (a mistyped --dim would
 // otherwise fill the disk, or run for hours first).
 void check_space(const SynthSpec& s, const std::string& path) {
-  const double need = double(synth_parameter_count(s)) * double(dtype_block_bytes(s.dtype)) /
-                      double(dtype_block_elems(s.dtype));
+  // Every matrix in the chosen type (one whose rows are not whole blocks is written in f32: more).
+  const double need = synth_parameter_count(s) * double(dtype_block_bytes(s.dtype)) / double(dtype_block_elems(s.dtype));
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
   const std::filesystem::space_info free = std::filesystem::space(dir, ec);
   if (!ec && need > double(free.available)) {
-    throw Error("synth: the model would take about " + std::to_string(int64_t(need)) + " bytes, more than the " +
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%.3g", need);
+    throw Error("synth: the model would take about " + std::string(shown) + " bytes, more than the " +
                 std::to_string(free.available) + " bytes free in " + dir.string());
   }
 }

@@ -477,6 +477,11 @@ TEST_F(GgufTest, BadMetadata) {
     b.kv("general.alignment", GgufType::STRING, enc_str("32"));
     expect_refused(b.build(), "alignment");
   }
+  {  // A signed value is named as stored.
+    GgufBuilder b;
+    b.kv("general.alignment", GgufType::INT32, enc<int32_t>(-64));
+    expect_refused(b.build(), "alignment -64 is not a power of two");
+  }
 }
 
 TEST_F(GgufTest, BadTensors) {

@@ -11,11 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 
 #include "test_util.h"
 #include "tessera/gguf.h"
+#include "tessera/gguf_writer.h"
 #include "tessera/pipeline.h"
 #include "tessera/pipeline_spec.h"
 
@@ -67,6 +69,84 @@ TEST(ModelLoad, MetadataANormOrRopeCannotUseIsRefusedNamingTheKey) {
                   AllOf(HasSubstr(path), HasSubstr(key), HasSubstr("must be a positive finite number")));
     }
   }
+}
+
+// stories260K rewritten through GgufWriter (its metadata types only): `extra` adds metadata and
+// tensors after its own, `shape_of` may store a tensor under another shape.
+std::string rewrite_stories(const test::TempDir& dir, const std::function<void(GgufWriter&)>& extra,
+                            const std::function<std::vector<int64_t>(const GgufTensor&)>& shape_of = nullptr) {
+  const auto f = GgufFile::open(test::kStoriesF32);
+  GgufWriter w;
+  for (const auto& [key, v] : f->metadata()) {
+    if (v.type == GgufType::STRING) {
+      w.add_string(key, std::get<std::string>(v.scalar));
+    } else if (v.type == GgufType::UINT32) {
+      w.add_uint32(key, uint32_t(std::get<uint64_t>(v.scalar)));
+    } else if (v.type == GgufType::INT32) {
+      w.add_int32(key, int32_t(std::get<int64_t>(v.scalar)));
+    } else if (v.type == GgufType::FLOAT32) {
+      w.add_float32(key, float(std::get<double>(v.scalar)));
+    } else if (v.type == GgufType::BOOL) {
+      w.add_bool(key, std::get<bool>(v.scalar));
+    } else if (v.type == GgufType::ARRAY && v.elem_type == GgufType::STRING) {
+      w.add_string_array(key, v.strings);
+    } else if (v.type == GgufType::ARRAY && v.elem_type == GgufType::FLOAT32) {
+      w.add_float32_array(key, std::vector<float>(v.floats.begin(), v.floats.end()));
+    } else if (v.type == GgufType::ARRAY && v.elem_type == GgufType::INT32) {
+      w.add_int32_array(key, std::vector<int32_t>(v.ints.begin(), v.ints.end()));
+    } else {
+      throw Error("rewrite_stories: no copy for " + key + " (" + v.type_str() + ")");
+    }
+  }
+  for (const GgufTensor& t : f->tensors()) {
+    const auto* bytes = static_cast<const uint8_t*>(t.data);
+    w.add_tensor(t.name, shape_of ? shape_of(t) : t.shape, t.dtype, std::vector<uint8_t>(bytes, bytes + t.nbytes));
+  }
+  extra(w);
+  const std::string path = dir.path() + "/rewritten.gguf";
+  w.write(path);
+  return path;
+}
+
+TEST(ModelLoad, RopeScalingAndOtherHeadSizesAreRefusedNotIgnored) {
+  test::TempDir dir;
+  const std::string plain = rewrite_stories(dir, [](GgufWriter&) {});
+  EXPECT_EQ(test::cpu_pipeline(plain)->model().config().dim, 64) << "the rewrite alone loads";
+  auto refused = [&](const std::function<void(GgufWriter&)>& extra) {
+    return message_of([&] { test::cpu_pipeline(rewrite_stories(dir, extra)); });
+  };
+  EXPECT_THAT(refused([](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "linear"); }),
+              AllOf(HasSubstr("rewritten.gguf"), HasSubstr("llama.rope.scaling.type = linear"), HasSubstr("not supported")));
+  EXPECT_THAT(refused([](GgufWriter& w) { w.add_float32("llama.rope.scaling.factor", 4); }),
+              HasSubstr("llama.rope.scaling.factor = 4"));
+  EXPECT_THAT(refused([](GgufWriter& w) { w.add_float32("llama.rope.scale_linear", 2); }),
+              HasSubstr("llama.rope.scale_linear = 2"));
+  EXPECT_THAT(refused([](GgufWriter& w) { w.add_tensor("rope_freqs.weight", {4}, DType::F32, std::vector<uint8_t>(16)); }),
+              HasSubstr("tensor 'rope_freqs.weight'"));
+  EXPECT_THAT(refused([](GgufWriter& w) { w.add_uint32("llama.attention.key_length", 16); }),
+              HasSubstr("llama.attention.key_length = 16 (a head size other than"));
+  // What changes nothing is accepted: scaling "none", a factor of 1, the head size as it is.
+  EXPECT_NO_THROW(test::cpu_pipeline(rewrite_stories(dir, [](GgufWriter& w) {
+    w.add_string("llama.rope.scaling.type", "none");
+    w.add_float32("llama.rope.scaling.factor", 1);
+    w.add_uint32("llama.attention.key_length", 8);
+  })));
+}
+
+TEST(ModelLoad, TrailingDimensionsOfOneAreTheSameShape) {
+  // ggml counts missing dimensions as 1 (llama.cpp accepts [64, 1] for a norm of 64).
+  test::TempDir dir;
+  const std::string path = rewrite_stories(dir, [](GgufWriter&) {}, [](const GgufTensor& t) {
+    std::vector<int64_t> shape = t.shape;
+    shape.resize(4, 1);
+    return shape;
+  });
+  auto padded = test::cpu_pipeline(path);
+  auto original = test::cpu_pipeline(test::kStoriesF32);
+  GenerationRequest req;
+  req.prompt = {1, 403, 407, 261, 378};
+  req.max_tokens = 8;
+  EXPECT_EQ(test::run_beside(*padded, req).tokens, test::run_beside(*original, req).tokens);
 }
 
 TEST(ModelLoad, IntegerWeightsAreRefusedNamingTheTensor) {

@@ -416,6 +416,10 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   EXPECT_THAT(bad([](SynthSpec& s) { s.dim = 36; s.n_heads = 4; s.n_kv_heads = 4; }),
               HasSubstr("head size dim/heads = 9 must be even"));
   EXPECT_THAT(bad([](SynthSpec& s) { s.rope_theta = 0; }), HasSubstr("rope_theta"));
+  // Written as float32: a double past its range would become inf or 0 in the file.
+  EXPECT_THAT(bad([](SynthSpec& s) { s.rope_theta = 1e39; }), HasSubstr("rope_theta = 1e+39 must be a positive number a float32 holds"));
+  EXPECT_THAT(bad([](SynthSpec& s) { s.rms_eps = 1e-50; }), HasSubstr("rms_eps = 1e-50 must be a positive number a float32 holds"));
+  EXPECT_THAT(bad([](SynthSpec& s) { s.n_layers = 4097; }), HasSubstr("layers = 4097 is outside 1..4096"));
   EXPECT_THAT(bad([](SynthSpec& s) { s.dtype = DType::I8; }), HasSubstr("dtype int8 is not supported"));
   TempDir dir;
   SynthSpec s = synth_preset("tiny");
@@ -429,6 +433,12 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   EXPECT_THAT(message_of([&] { write_synthetic_model(s, dir.file("x.gguf")); }),
               testing::AllOf(HasSubstr("synth: the model would take about"), HasSubstr("bytes free in " + dir.path().string())));
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+  // Fields each in range whose byte count is past an int64's reach: a size, in bytes, refused.
+  s = synth_preset("tiny");
+  s.dim = s.ffn_dim = 16777216;
+  s.n_heads = s.n_kv_heads = 8388608;
+  s.n_layers = 4000;
+  EXPECT_THAT(message_of([&] { write_synthetic_model(s, dir.file("x.gguf")); }), HasSubstr("would take about 3.15e+19 bytes"));
   s = synth_preset("tiny");
   EXPECT_THAT(message_of([&] { write_synthetic_model(s, ""); }), HasSubstr("the file name is empty"));
 }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "tessera/dtype.h"
@@ -83,6 +84,7 @@ class GgufWriter {
 
   std::vector<std::pair<std::string, std::string>> kv_;  // key, encoded type + value
   std::vector<Tensor> tensors_;
+  std::unordered_set<std::string> keys_, tensor_names_;  // duplicates refused in constant time
   uint32_t alignment_ = 32;
 };
 

@@ -29,8 +29,9 @@ std::vector<std::string> synth_preset_names();
 // Throws Error naming the field when the shape cannot make a model (e.g. heads not dividing dim).
 void validate_synth_spec(const SynthSpec& spec);
 
-// Weights in the file (embeddings, norms, linears).
-int64_t synth_parameter_count(const SynthSpec& spec);
+// Weights in the file (embeddings, norms, linears); a double, as the fields' ranges allow more than
+// an int64 counts.
+double synth_parameter_count(const SynthSpec& spec);
 
 // <unk>, <s>, </s>, the 256 byte tokens, then deterministic pieces until `size` entries
 // (at least 260): types, scores (-rank) and special ids filled in as written to the file.
