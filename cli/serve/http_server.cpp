@@ -471,6 +471,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
   g.user = r.user.empty() ? "anonymous" : r.user;
   for (const auto& stop : r.stop) g.stop.push_back(stop);
   g.ignore_eos = r.ignore_eos;
+  g.priority = int32_t(-r.priority);  // the engine's priority runs higher first
   return g;
 }
 

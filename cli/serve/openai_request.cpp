@@ -347,6 +347,7 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
     throw bad_field("logprobs", "'logprobs' cannot be combined with 'stream': true on this server");
   }
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  r.priority = f.integer("priority", -kMaxPriority, kMaxPriority).value_or(0);
   refuse_unsupported(f, endpoint);
   f.refuse_unknown();
   return r;

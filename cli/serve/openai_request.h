@@ -41,10 +41,12 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (as vLLM): generate max_tokens whatever the model says
+  int64_t priority = 0;        // extension (as vLLM): lower is served first (schedulers with priorities)
 };
 
 // Largest values accepted (OpenAI's limits where it has one).
 inline constexpr int64_t kMaxLogprobs = 20;
+inline constexpr int64_t kMaxPriority = 1000000;
 inline constexpr size_t kMaxStops = 16;
 
 // Throws ApiError (400) naming the field: malformed JSON, a body that is not an object, a missing or

@@ -40,6 +40,15 @@ std::vector<Queue> parse_queues(const nlohmann::json& j) {
       }
     }
     if (queue.name.empty()) throw Error("scheduler continuous: every queue needs a 'name', got " + q.dump());
+    // A second queue of the same name or threshold would never receive a request.
+    for (const Queue& other : out) {
+      if (other.name == queue.name) throw Error("scheduler continuous: two queues are named '" + queue.name + "'");
+      if (other.min_expected_output == queue.min_expected_output) {
+        throw Error("scheduler continuous: queues '" + other.name + "' and '" + queue.name +
+                    "' have the same min_expected_output " + std::to_string(queue.min_expected_output) +
+                    " (a request joins the one queue whose threshold it reaches highest)");
+      }
+    }
     out.push_back(queue);
   }
   // The queue with the highest threshold that a sequence reaches is its queue.

@@ -172,6 +172,10 @@ TEST(OpenAiRequests, FieldsAreReadWithOpenAiConventions) {
   EXPECT_EQ(r.seed, uint64_t(-1));
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.top_logprobs, 2);
+  EXPECT_EQ(r.priority, 0);
+  EXPECT_EQ(serve::parse_openai_request(Endpoint::completions, R"({"prompt": "a", "priority": -3})").priority, -3);
+  EXPECT_EQ(parse_error(Endpoint::completions, R"({"prompt": "a", "priority": 1.5})").param(), "priority");
+  EXPECT_EQ(parse_error(Endpoint::completions, R"({"prompt": "a", "priority": 10000000})").param(), "priority");
   const auto big = parse_error(Endpoint::completions, R"({"prompt": "a", "max_tokens": 18446744073709551615})");
   EXPECT_EQ(big.status(), 400);
   EXPECT_EQ(big.param(), "max_tokens");

@@ -126,6 +126,21 @@ TEST(ContinuousPolicy, RejectsMalformedQueues) {
   EXPECT_THROW(make("continuous", {{"queues", {{{"min_expected_output", 200}}}}}), Error);
   EXPECT_THROW(make("continuous", {{"queues", {{{"name", "long"}, {"max_running", -1}}}}}), Error);
   EXPECT_THROW(make("continuous", {{"max_batch_tokens", 0}}), Error);
+  // A second queue of the same name or threshold could never receive a request.
+  auto message = [](const nlohmann::json& queues) {
+    try {
+      make("continuous", {{"queues", queues}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({{{"name", "long"}, {"min_expected_output", 200}}, {{"name", "long"}, {"min_expected_output", 50}}})
+                .find("two queues are named 'long'"),
+            std::string::npos);
+  EXPECT_NE(message({{{"name", "a"}, {"min_expected_output", 200}}, {{"name", "b"}, {"min_expected_output", 200}}})
+                .find("queues 'a' and 'b' have the same min_expected_output 200"),
+            std::string::npos);
 }
 
 TEST(StaticPolicy, WaitsForABatchOrTheTimeout) {
