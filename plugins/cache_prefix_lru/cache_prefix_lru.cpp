@@ -362,8 +362,8 @@ void register_prefix_lru(Registrar& r) {
   specs.push_back({"max_share", ParamType::number, 1.0,
                    "most of the pool's blocks one user may hold cached, as a share in [0, 1]", {}});
   specs.push_back({"min_share", ParamType::number, 0.0,
-                   "share of the pool each active user keeps cached before others' blocks are evicted, in "
-                   "[0, max_share]", {}});
+                   "share of the pool each user keeps cached, running or idle, before others' blocks are "
+                   "evicted, in [0, max_share]", {}});
   specs.push_back({"retain", ParamType::boolean, true,
                    "cache finished blocks for reuse; false: no request's blocks are retained", {}});
   specs.push_back({"shared_users", ParamType::string_list, nlohmann::json::array(),
