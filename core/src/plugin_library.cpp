@@ -55,18 +55,23 @@ PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.str
   if (!std::filesystem::is_regular_file(path)) throw Error(path_ + ": not a plugin library (not a regular file)");
   check_elf_file(path_);
   boost::dll::fs::error_code ec;
-  library_.load(path, ec, boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
+  // Every symbol resolved now: a plugin calling a core function this core lacks (built against a
+  // newer SDK) is refused here, naming the symbol, instead of killing the process at its first call.
+  library_.load(path, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   if (ec) {
-    // Boost's error code says "Bad file descriptor" for a missing dependency; the dynamic loader
-    // says which library is missing: ask it again, to word the refusal.
+    // Boost's error code says "Bad file descriptor" for a missing dependency or symbol; the dynamic
+    // loader says which: ask it again, to word the refusal.
     std::string why = ec.message();
-    if (void* h = dlopen(path_.c_str(), RTLD_LAZY | RTLD_LOCAL); h != nullptr) {
+    if (void* h = dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL); h != nullptr) {
       dlclose(h);
     } else if (const char* e = dlerror(); e != nullptr) {
       why = e;
     }
     throw Error(path_ + ": cannot load plugin library: " + why);
   }
+  // Never unloaded: an exception a plugin threw (its type's vtable and what() live in the library)
+  // may still be unwinding, or be caught and read, after the objects that held the library are gone.
+  if (void* pin = dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); pin != nullptr) dlclose(pin);
   if (!library_.has(TESSERA_PLUGIN_ENTRY_SYMBOL)) {
     throw Error(path_ + ": not a Tessera plugin (no exported '" TESSERA_PLUGIN_ENTRY_SYMBOL
                 "' entry point)");
@@ -89,6 +94,11 @@ PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.str
   if (manifest_->manifest_size < kFirstLayoutSize) {
     throw Error(path_ + ": plugin manifest is truncated (" +
                 std::to_string(manifest_->manifest_size) + " bytes)");
+  }
+  if (manifest_->build_id == nullptr || manifest_->library_name == nullptr || manifest_->compiler == nullptr ||
+      manifest_->register_components == nullptr) {
+    throw Error(path_ + ": plugin manifest has a null field (build_id, library_name, compiler or "
+                "register_components); build the plugin with the TESSERA_PLUGIN macro");
   }
   if (std::string(manifest_->build_id) != TESSERA_BUILD_ID) {
     throw Error(path_ + ": plugin build identity '" + manifest_->build_id + "' (" +

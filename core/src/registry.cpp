@@ -167,13 +167,23 @@ const PluginEntry& Registry::require(ComponentKind kind, std::string_view name) 
 std::shared_ptr<void> Registry::create_erased(ComponentKind kind, std::string_view name,
                                               const Params& params) const {
   const PluginEntry& entry = require(kind, name);
-  std::shared_ptr<void> object = entry.create(params);
+  std::shared_ptr<void> object;
+  try {
+    object = entry.create(params);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // another library's exception (a JSON type error...): worded here
+    throw Error(std::string(kind_name(kind)) + " " + entry.name + ": " + e.what());
+  } catch (...) {
+    throw Error(std::string(kind_name(kind)) + " plugin '" + entry.name + "' (" + entry.library +
+                ") threw an exception that is not a std::exception");
+  }
   if (!object) {
     throw Error(std::string(kind_name(kind)) + " plugin '" + entry.name + "' (" + entry.library +
                 ") returned no object");
   }
-  // The returned pointer shares ownership of a holder that also pins the library: the object is
-  // destroyed first, then the library may unload.
+  // The returned pointer shares ownership of a holder that also holds the library (which is never
+  // unmapped: see PluginLibrary).
   struct Holder {
     std::shared_ptr<PluginLibrary> library;
     std::shared_ptr<void> object;

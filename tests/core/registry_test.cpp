@@ -67,6 +67,38 @@ TEST(Registry, AMissingDependencyIsNamedAsTheLoaderNamesIt) {
   EXPECT_TRUE(r.all_entries().empty());
 }
 
+TEST(Registry, AnUndefinedSymbolOrANullManifestFieldIsRefusedAtLoad) {
+  // Resolved at load: a plugin built against a newer SDK (a core function this core lacks) would
+  // otherwise kill the process ("symbol lookup error") at its first call.
+  Registry r;
+  std::string msg = load_error(r, "libtestlib_undefined_symbol.so");
+  EXPECT_NE(msg.find("libtestlib_undefined_symbol.so: cannot load plugin library:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("undefined symbol: testlib_function_no_library_defines"), std::string::npos) << msg;
+  msg = load_error(r, "libtestlib_null_build_id.so");
+  EXPECT_NE(msg.find("libtestlib_null_build_id.so: plugin manifest has a null field"), std::string::npos) << msg;
+  EXPECT_TRUE(r.all_entries().empty());
+}
+
+TEST(Registry, APluginsOwnExceptionsAreReadableAfterItsObjectsAreGone) {
+  // The exception's type and what() live in the plugin: its library must still be mapped when the
+  // registry and the objects that held it were destroyed during the unwinding (it crashed before).
+  std::string message;
+  try {
+    Registry r;
+    r.load_library(kLibs + "/libtestlib_own_exceptions.so");
+    auto q = r.create<Quantizer>("throwing_test", nlohmann::json::object(), "test");
+    q->make_linear(test::cpu_backend(), WeightSource{});
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message, "thrown by the plugin's own exception type");
+  // A factory's exception of another type becomes an Error naming the plugin.
+  Registry r;
+  r.load_library(kLibs + "/libtestlib_own_exceptions.so");
+  EXPECT_EQ(test::message_of([&] { r.create<Quantizer>("throwing_factory", nlohmann::json::object(), "test"); }),
+            "quantizer throwing_factory: type must be number, but is string");
+}
+
 TEST(Registry, RefusesTruncatedAndNonElfFilesWithoutLoadingThem) {
   // A library cut short (an interrupted build or copy) would fault inside dlopen; it is refused
   // from its headers, as are files that are not shared libraries at all.

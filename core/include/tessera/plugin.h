@@ -37,9 +37,16 @@
 #else
 #define TESSERA_STDLIB_ID "unknown-stdlib"
 #endif
+// libstdc++'s debug mode changes the layout of its containers (a StepPlan's vectors).
+#if defined(_GLIBCXX_DEBUG)
+#define TESSERA_STDLIB_MODE " debug"
+#else
+#define TESSERA_STDLIB_MODE ""
+#endif
 // C++ objects (std::string, std::function, exceptions) cross the boundary, so host and plugin
-// must agree on the standard library and its ABI; the compiler family is recorded for the message.
-#define TESSERA_BUILD_ID "tessera-abi" TESSERA_STR(TESSERA_ABI_VERSION) " " TESSERA_STDLIB_ID
+// must agree on the standard library, its ABI and its mode; the compiler family is recorded for
+// the message.
+#define TESSERA_BUILD_ID "tessera-abi" TESSERA_STR(TESSERA_ABI_VERSION) " " TESSERA_STDLIB_ID TESSERA_STDLIB_MODE
 
 namespace tessera {
 
