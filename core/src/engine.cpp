@@ -137,6 +137,15 @@ bool Engine::step() {
   Cache& cache = pipeline_.cache();
   Budget budget(cache, *this);
   StepPlan plan = pipeline_.scheduler().schedule(view, budget);
+  // Releasing a running sequence's cache frees the KV it still needs: only a preemption may.
+  for (const SeqId id : budget.released()) {
+    const bool running = std::any_of(running_.begin(), running_.end(), [&](const auto& r) { return r->result.id == id; });
+    if (running && std::find(plan.preempted.begin(), plan.preempted.end(), id) == plan.preempted.end()) {
+      throw Error("scheduler '" + pipeline_.spec().components.at(ComponentKind::scheduler).plugin +
+                  "' released the cache of running request " + std::to_string(id) +
+                  " without listing it as preempted (its KV would be lost)");
+    }
+  }
 
   // Preempted sequences go back to the front of the queue and will recompute their KV.
   for (auto id = plan.preempted.rbegin(); id != plan.preempted.rend(); ++id) {
@@ -285,6 +294,28 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
   }
   pipeline_.decoder().select(items);
 
+  // What a decoder may return (decoder.h): one token for a plain step; for a verification the
+  // accepted leading drafts and one more; ids inside the vocabulary. A decoder that breaks this
+  // fails the request, naming itself, rather than the output going wrong without a word.
+  auto contract_error = [&](const DecodeItem& item) -> std::string {
+    const size_t n = item.tokens.size(), drafts = item.draft.size();
+    if (n == 0 || n > drafts + 1) {
+      return "returned " + std::to_string(n) + " tokens for a step with " + std::to_string(drafts) +
+             " drafts (1 to " + std::to_string(drafts + 1) + " expected)";
+    }
+    for (size_t k = 0; k < n; ++k) {
+      if (item.tokens[k] < 0 || item.tokens[k] >= vocab) {
+        return "returned token id " + std::to_string(item.tokens[k]) + ", outside the vocabulary (0.." +
+               std::to_string(vocab - 1) + ")";
+      }
+      if (k + 1 < n && item.tokens[k] != item.draft[k]) {
+        return "returned token " + std::to_string(item.tokens[k]) + " as accepted draft " + std::to_string(k) +
+               ", which was " + std::to_string(item.draft[k]);
+      }
+    }
+    return "";
+  };
+
   const Tokenizer& tokenizer = pipeline_.tokenizer();
   const int32_t eos = tokenizer.eos();
   const double t = now();
@@ -293,14 +324,20 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     Sequence* s = item_seqs[i];
     const DecodeItem& item = items[i];
     const auto tokens_before = int64_t(s->tokens.size());
+    if (const std::string broken = contract_error(item); !broken.empty()) {
+      s->result.error = "decoder '" + pipeline_.spec().components.at(ComponentKind::decoder).plugin + "' " + broken;
+      s->result.model_fault = true;  // the server's fault, not the request's
+      finish(*s, FinishReason::error);
+      continue;
+    }
     // An overflow upstream (weights, or activations past f16's range in an f16 KV cache) makes the
     // logits NaN or infinite, and any token "chosen" from them is noise: fail the request, naming
     // the cause. Each token's chosen logit is checked (row k for token k of a speculative step): a
-    // NaN row gives a NaN choice. Ids outside the vocabulary are left to the check below.
+    // NaN row gives a NaN choice.
     size_t bad = item.tokens.size();
     for (size_t k = 0; k < item.tokens.size() && bad == item.tokens.size(); ++k) {
       const int32_t tok = item.tokens[k];
-      if (tok >= 0 && tok < vocab && !std::isfinite(item.logits[k * size_t(vocab) + size_t(tok)])) bad = k;
+      if (!std::isfinite(item.logits[k * size_t(vocab) + size_t(tok)])) bad = k;
     }
     if (bad < item.tokens.size()) {
       s->result.error = "the model's logits are not finite (NaN or infinity) at generated token " +

@@ -64,6 +64,7 @@ class Engine::Budget final : public KvBudget {
   }
 
   void release(SeqId seq) override {
+    released_.push_back(seq);
     std::erase_if(requests_, [&](const CacheRequest& r) { return r.seq == seq; });
     lookahead_.erase(seq);
     requested_.erase(seq);
@@ -90,6 +91,8 @@ class Engine::Budget final : public KvBudget {
   // nothing was admitted, the one even an empty cache cannot hold (the scheduler's order, which
   // may not be the queue's: priorities, preempted sequences put back).
   std::optional<SeqId> first_refused() const { return refused_; }
+  // Sequences whose cache the scheduler released this step (preemption, or a contract breach).
+  const std::vector<SeqId>& released() const { return released_; }
 
  private:
   bool try_reserve(const Sequence& s, int64_t total_tokens) {
@@ -116,6 +119,7 @@ class Engine::Budget final : public KvBudget {
   std::map<SeqId, int64_t> lookahead_;
   std::map<SeqId, int64_t> requested_;
   std::optional<SeqId> refused_;
+  std::vector<SeqId> released_;
 };
 
 }  // namespace tessera

@@ -4,6 +4,8 @@
 
 #include "test_util.h"
 #include "tessera/engine.h"
+#include "tessera/pipeline.h"
+#include "tessera/registry.h"
 
 namespace tessera {
 namespace {
@@ -189,6 +191,37 @@ TEST(Engine, TheRequestThatCannotFitFailsNotTheOneAheadOfItInTheQueue) {
       EXPECT_EQ(r.tokens.size(), 20u);
     }
   }
+}
+
+// A component that breaks its interface's contract is named, and its output not used: a decoder
+// returning two tokens for a plain step or an id past the vocabulary fails the request; a scheduler
+// releasing a running request's cache without preempting it stops the engine.
+TEST(Engine, ADecoderOrSchedulerThatBreaksItsContractIsNamed) {
+  Registry r;
+  r.load_directory(TESSERA_PLUGIN_DIR);
+  r.load_library(std::string(TESSERA_TEST_LIB_DIR) + "/libtestlib_broken_components.so");
+  auto run = [&](const nlohmann::json& components) {
+    auto p = Pipeline::build(test::cpu_spec(test::kStoriesF32, components), r);
+    Engine engine(*p);
+    GenerationRequest req;
+    req.prompt = {1, 403, 407, 261, 378};
+    req.max_tokens = 8;
+    engine.submit(req);
+    engine.run_until_idle();
+    return engine.take_finished().at(0);
+  };
+  const GenerationResult two = run({{"decoder", {{"plugin", "two_tokens"}}}});
+  EXPECT_EQ(two.reason, FinishReason::error);
+  EXPECT_EQ(two.error, "decoder 'two_tokens' returned 2 tokens for a step with 0 drafts (1 to 1 expected)");
+  EXPECT_TRUE(two.tokens.empty());
+  const GenerationResult outside = run({{"decoder", {{"plugin", "outside_vocabulary"}}}});
+  EXPECT_EQ(outside.error, "decoder 'outside_vocabulary' returned token id 512, outside the vocabulary (0..511)");
+  EXPECT_TRUE(outside.model_fault);
+  const std::string dropped = error_of([&] { run({{"scheduler", {{"plugin", "drops_kv"}}}}); });
+  EXPECT_NE(dropped.find("scheduler 'drops_kv' released the cache of running request 1 without listing it as "
+                         "preempted"),
+            std::string::npos)
+      << dropped;
 }
 
 // A contiguous cache's max_len bounds a sequence as the model's context does: a longer prompt is
