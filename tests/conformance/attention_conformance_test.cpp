@@ -209,13 +209,15 @@ TEST_P(AttentionConformance, RaggedPrefillAndDecodeMatchNaiveAttention) {
         EXPECT_TRUE(cpu().supports(r.op, r.dtype)) << "requires " << op_name(r.op) << " which the cpu backend lacks";
       }
       Harness h(cpu(), shape, block_size, ++seed);
-      h.add_sequences({20, 30, 14, 16});
-      // Step 1: ragged prefill of sequences 0..2 (the last one in two chunks).
-      h.run(*attn, Step{{{0, 0, 17}, {1, 0, 26}, {2, 0, 5}}});
+      // Sequence 4 is long: kernels that cut a long context into segments or blocks (past 64 and
+      // 128 keys) are checked there too.
+      h.add_sequences({20, 30, 14, 16, 170});
+      // Step 1: ragged prefill of sequences 0..2 (the last one in two chunks) and 4.
+      h.run(*attn, Step{{{0, 0, 17}, {1, 0, 26}, {2, 0, 5}, {4, 0, 150}}});
       // Step 2: sequence 3 prefills while the others decode (or continue their prefill).
-      h.run(*attn, Step{{{3, 0, 13}, {0, 17, 1}, {1, 26, 1}, {2, 5, 7}}});
+      h.run(*attn, Step{{{3, 0, 13}, {0, 17, 1}, {1, 26, 1}, {2, 5, 7}, {4, 150, 1}}});
       // Step 3: pure decode at different positions, batch order changed.
-      h.run(*attn, Step{{{2, 12, 1}, {1, 27, 1}, {3, 13, 1}, {0, 18, 1}}});
+      h.run(*attn, Step{{{2, 12, 1}, {1, 27, 1}, {4, 151, 1}, {3, 13, 1}, {0, 18, 1}}});
     }
   }
 }

@@ -521,12 +521,13 @@ struct AttnCase {
   int64_t n_kv_heads, head_dim, window, block_size;
 };
 
-// One ragged step: (q_len, context_len) per sequence — a fresh prefill, two decodes (one at the very
-// first position) and a prefill chunk continuing a cached prefix.
+// One ragged step: (q_len, context_len) per sequence — a fresh prefill, decodes (one at the very
+// first position, two past 64 and 128 keys, where kernels cut a context into segments or blocks)
+// and prefill chunks continuing a cached prefix.
 struct SeqShape {
   int32_t q_len, context_len;
 };
-const std::vector<SeqShape> kSeqs = {{9, 9}, {1, 23}, {5, 40}, {1, 1}};
+const std::vector<SeqShape> kSeqs = {{9, 9}, {1, 23}, {5, 40}, {1, 1}, {1, 150}, {3, 200}};
 
 void run_attention_case(Backend& b, DType kv_dtype, const AttnCase& c, uint64_t seed) {
   const int64_t n_heads = 8, hd = c.head_dim, nkv = c.n_kv_heads, bs = c.block_size;

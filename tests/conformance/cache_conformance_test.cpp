@@ -244,6 +244,21 @@ TEST_P(CacheConformance, FillsToCapacityAndReleaseReturnsBlocks) {
   grow(again);
 }
 
+TEST_P(CacheConformance, RetainedBlocksStillServeNewSequences) {
+  // retain = true: a prefix cache may keep finished blocks for reuse, but they count as free: new
+  // sequences with other tokens get the whole pool again (what is kept is evicted as needed).
+  const int64_t n = std::min<int64_t>(full_length_capacity(), 64);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<CacheRequest> reqs;
+    for (int64_t i = 0; i < n; ++i) reqs.push_back(request(SeqId(1000 * (round + 1) + i), kGeometry.max_context));
+    grow(reqs);
+    for (const CacheRequest& r : reqs) cache_->mark_computed(r.seq, kGeometry.max_context);
+    for (const CacheRequest& r : reqs) cache_->release(r.seq);
+    EXPECT_EQ(cache_->stats().sequences, 0);
+  }
+}
+
 TEST_P(CacheConformance, TruncateFreesBlocksAndShrinksTheTable) {
   // Speculative decoding rolls a sequence back to its accepted tokens: the table keeps the blocks
   // that cover them (in place), the rest go back to the pool, and the sequence grows again from there.

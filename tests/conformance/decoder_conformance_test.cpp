@@ -40,7 +40,10 @@ class DecoderConformance : public testing::TestWithParam<std::string> {
   std::vector<std::vector<int32_t>> select(std::vector<DecodeItem>& items) {
     decoder_->select(items);
     std::vector<std::vector<int32_t>> out;
-    for (const DecodeItem& it : items) out.push_back(it.tokens);
+    for (const DecodeItem& it : items) {
+      if (it.draft.empty()) EXPECT_EQ(it.tokens.size(), 1u) << "a plain step (no drafts) chooses one token";
+      out.push_back(it.tokens);
+    }
     return out;
   }
 
@@ -177,7 +180,7 @@ std::map<SeqId, std::vector<int32_t>> generate(Decoder& d, const SamplingParams&
       }
       d.select(items);
       for (size_t i = 0; i < batch.size(); ++i) {
-        EXPECT_FALSE(items[i].tokens.empty());
+        EXPECT_EQ(items[i].tokens.size(), 1u) << "a plain step (no drafts) chooses one token";
         for (int32_t t : items[i].tokens) {
           EXPECT_GE(t, 0);
           EXPECT_LT(t, vocab);

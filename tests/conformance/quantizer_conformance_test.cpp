@@ -108,7 +108,7 @@ void check_linears(Quantizer& q) {
             << "format " << format;
 
         // y for several activation rows, against double-precision x·Wᵀ of what the file says.
-        const int64_t m = 5;
+        const int64_t m = 19;  // whole tiles of every kernel (4, 6, 8, 16 rows) and a part of one
         const auto x = random_floats(size_t(m * cols), seed + 7, -2, 2);
         std::vector<double> want(size_t(m * rows));
         for (int64_t i = 0; i < m; ++i) {

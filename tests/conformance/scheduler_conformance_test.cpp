@@ -36,7 +36,10 @@ class BlockBudget final : public KvBudget {
     tokens_[seq] = tokens;
     return true;
   }
-  void release(SeqId seq) override { tokens_.erase(seq); }
+  void release(SeqId seq) override {
+    tokens_.erase(seq);
+    released_.insert(seq);
+  }
 
   int64_t held(SeqId seq) const {
     auto it = tokens_.find(seq);
@@ -51,6 +54,7 @@ class BlockBudget final : public KvBudget {
   int64_t capacity() const { return capacity_; }
 
   std::set<SeqId> known_, running_;  // kept in step by the simulation
+  std::set<SeqId> released_;          // this step's releases, cleared by the simulation
   int64_t failed_running_growth_ = 0;
 
  private:
@@ -102,6 +106,7 @@ Outcome simulate(Scheduler& sched, const std::vector<Request>& reqs, BlockBudget
     }
     out.steps = step + 1;
     budget.running_.clear();
+    budget.released_.clear();
     for (const auto& s : running) budget.running_.insert(s.id);
 
     // One step is one second of engine clock, so a scheduler waiting for a batch to fill (retry_after)
@@ -116,6 +121,10 @@ Outcome simulate(Scheduler& sched, const std::vector<Request>& reqs, BlockBudget
       EXPECT_TRUE(budget.running_.count(id)) << at << "preempted seq " << id << " was not running";
       EXPECT_TRUE(pre.insert(id).second) << at << "seq " << id << " preempted twice";
       EXPECT_EQ(budget.held(id), 0) << at << "preempted seq " << id << " still holds KV";
+    }
+    // A running sequence's cache is released only by preempting it (its KV is gone).
+    for (SeqId id : budget.released_) {
+      if (budget.running_.count(id)) EXPECT_TRUE(pre.count(id)) << at << "running seq " << id << " released but not preempted";
     }
     // Work: known, once, within its tokens, covered by its reservation.
     std::set<SeqId> worked;
