@@ -45,11 +45,13 @@ int64_t parse_size(std::string_view text) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == 0) throw Error("'" + original + "' is not a size (expected e.g. 512MiB, 2GiB, 1048576)");
   double value = 0;
+  size_t used = 0;
   try {
-    value = std::stod(std::string(text.substr(0, i)));
+    value = std::stod(std::string(text.substr(0, i)), &used);
   } catch (const std::exception&) {
-    throw Error("'" + original + "' is not a size (expected e.g. 512MiB, 2GiB, 1048576)");
+    used = 0;
   }
+  if (used != i) throw Error("'" + original + "' is not a size (expected e.g. 512MiB, 2GiB, 1048576)");
   std::string unit(text.substr(i));
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   double scale = 0;
@@ -62,7 +64,9 @@ int64_t parse_size(std::string_view text) {
   else if (unit == "GB") scale = 1e9;
   else throw Error("'" + original + "': unknown size unit '" + unit + "' (use B, KiB, MiB, GiB, KB, MB, GB)");
   if (value * scale >= 9.2e18) throw Error("'" + original + "' is too large a size");
-  return static_cast<int64_t>(std::llround(value * scale));
+  const auto bytes = static_cast<int64_t>(std::llround(value * scale));
+  if (bytes == 0 && value > 0) throw Error("'" + original + "' rounds to 0 bytes");
+  return bytes;
 }
 
 namespace {
@@ -86,8 +90,12 @@ nlohmann::json coerce(const ParamSpec& spec, const nlohmann::json& v, const std:
       }
       return fail();
     case ParamType::number:
-      if (v.is_number()) return v.get<double>();
-      return fail();
+      if (!v.is_number()) return fail();
+      if (!std::isfinite(v.get<double>())) {  // YAML's nan or inf, read as a number
+        throw Error(where + ": parameter '" + spec.name + "' is " + std::to_string(v.get<double>()) +
+                    ": a finite number is expected");
+      }
+      return v.get<double>();
     case ParamType::boolean:
       if (v.is_boolean()) return v;
       return fail();

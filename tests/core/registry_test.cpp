@@ -2,6 +2,7 @@
 // libraries leave nothing behind, and created objects keep their library loaded.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "test_util.h"
@@ -187,6 +188,18 @@ TEST(Registry, ParametersAreValidatedAgainstTheDeclaration) {
   EXPECT_NE(msg({{"max_sqes", 4}}).find("unknown parameter 'max_sqes'"), std::string::npos);
   EXPECT_NE(msg({{"max_seqs", "four"}}).find("expected integer, got \"four\""), std::string::npos);
   EXPECT_NE(msg({{"memory", "12 parsecs"}}).find("unknown size unit"), std::string::npos);
+  // A malformed number is refused whole, not read up to where it goes wrong.
+  for (const char* bad : {"1..5GiB", "1.2.3MiB", "."}) {
+    EXPECT_NE(msg({{"memory", bad}}).find("'" + std::string(bad) + "' is not a size"), std::string::npos) << bad;
+  }
+  EXPECT_NE(msg({{"memory", "0.4B"}}).find("'0.4B' rounds to 0 bytes"), std::string::npos);
+  auto scheduler_msg = [&](double timeout) {
+    return test::message_of([&] { r.create<Scheduler>("static", {{"timeout", timeout}}, "here.yaml:4"); });
+  };
+  EXPECT_NE(scheduler_msg(std::nan("")).find("here.yaml:4: parameter 'timeout' is nan: a finite number is expected"),
+            std::string::npos)
+      << scheduler_msg(std::nan(""));
+  EXPECT_NE(scheduler_msg(INFINITY).find("parameter 'timeout' is inf"), std::string::npos);
   EXPECT_NE(msg({{"max_sqes", 4}}).find("here.yaml:3"), std::string::npos);
   EXPECT_EQ(msg({{"memory", "1MiB"}, {"max_seqs", 2}}), "");
 }
