@@ -97,6 +97,13 @@ void eval(EvalArgs args) {
       }
     }
   }
+  // The greedy-agreement prompts are read and checked before any scoring: a bad file or a
+  // --greedy-tokens past the context would otherwise end the run after all its work.
+  std::vector<std::vector<int32_t>> prompts;
+  if (baseline) {
+    for (const auto& p : load_prompts(args.prompts_file)) prompts.push_back(tok.encode(p, true));
+    check_greedy_agreement_fits(*pipeline, *baseline, prompts, args.greedy_tokens);
+  }
   std::vector<TensorSensitivity> sensitivity;
   if (args.sensitivity) {
     // Progress on stderr: one build and perplexity run per quantized weight.
@@ -131,8 +138,6 @@ void eval(EvalArgs args) {
   if (compared) {
     const PerplexityResult& b = compared->baseline;
     const KlDivergence& kl = compared->kl;
-    std::vector<std::vector<int32_t>> prompts;
-    for (const auto& p : load_prompts(args.prompts_file)) prompts.push_back(tok.encode(p, true));
     const GreedyAgreement g = greedy_agreement(*pipeline, *baseline, prompts, args.greedy_tokens);
     j["baseline"] = {{"pipeline", baseline->describe()}, {"model", baseline->model_path()},
                      {"weights", baseline->model().weight_formats()},

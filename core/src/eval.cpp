@@ -189,10 +189,10 @@ std::vector<int32_t> greedy(Pipeline& p, const std::vector<int32_t>& prompt, int
 
 }  // namespace
 
-GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
+void check_greedy_agreement_fits(const Pipeline& pipeline, const Pipeline& baseline,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
   // Both must generate all n tokens: one cut short by its sequence bound would count as disagreeing.
-  for (Pipeline* p : {&pipeline, &baseline}) {
+  for (const Pipeline* p : {&pipeline, &baseline}) {
     for (const auto& prompt : prompts) {
       if (int64_t(prompt.size()) + n > p->max_sequence_tokens()) {
         throw Error("greedy agreement: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
@@ -202,6 +202,11 @@ GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
       }
     }
   }
+}
+
+GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
+                                 const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
+  check_greedy_agreement_fits(pipeline, baseline, prompts, n);
   GreedyAgreement g;
   g.tokens_per_prompt = n;
   int64_t same = 0, total = 0;
@@ -256,7 +261,8 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
       quantized.push_back({pattern, format, 1});
     }
   }
-  const nlohmann::json kept = quantizer.params.value("keep_float", nlohmann::json::array());
+  nlohmann::json kept = quantizer.params.value("keep_float", nlohmann::json::array());
+  if (kept.is_string()) kept = nlohmann::json::array({kept});  // one pattern, as a string_list may be given
   for (size_t i = 0; i < quantized.size(); ++i) {
     TensorSensitivity& t = quantized[i];
     PipelineSpec one = spec;

@@ -37,8 +37,9 @@ std::shared_ptr<T> create_at(const Registry& registry, const std::string& plugin
 void check_tensor_patterns(const ComponentSpec& c, const std::vector<std::string>& weights, const std::string& model) {
   std::vector<std::pair<std::string, std::string>> patterns;  // (parameter, pattern)
   const nlohmann::json& params = c.params;
-  if (params.contains("keep_float") && params["keep_float"].is_array()) {
-    for (const auto& v : params["keep_float"]) {
+  if (params.contains("keep_float")) {  // a list, or one pattern as a string
+    const nlohmann::json& kf = params["keep_float"];
+    for (const auto& v : kf.is_array() ? kf : nlohmann::json::array({kf})) {
       if (v.is_string()) patterns.emplace_back("keep_float", v.get<std::string>());
     }
   }

@@ -336,7 +336,7 @@ class Int4Quantizer final : public Quantizer {
       if (!item.is_object()) throw Error("int4: " + where + " must be a map with 'pattern'");
       Rule rule{{}, base_};
       for (const auto& [key, v] : item.items()) {
-        if (key == "pattern" || key == "patterns") {
+        if (key == "pattern") {
           if (v.is_string()) {
             rule.patterns.push_back(v.get<std::string>());
           } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); })) {

@@ -454,6 +454,20 @@ TEST(Cli, EvalSensitivityRanksTheQuantizedWeightsKeptInFloat) {
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_NE(o.text.find("quantizer 'none' has no keep_float parameter"), std::string::npos) << o.text;
   EXPECT_EQ(o.text.find("perplexity "), std::string::npos) << o.text;
+  // Greedy-agreement inputs are checked before any scoring: nothing is computed to be thrown away.
+  for (const std::string bad : {"--prompts /no/such/prompts.json", "--greedy-tokens 600"}) {
+    o = tessera_cmd("eval -p pipelines/int8.yaml --sensitivity --sensitivity-by kind --baseline pipelines/default.yaml " +
+                    bad + " " + text);
+    EXPECT_EQ(o.status, 1) << o.text;
+    EXPECT_EQ(o.text.find("[1/"), std::string::npos) << "no sensitivity pass ran: " << o.text;
+  }
+  // keep_float given as one string (a list of one) is extended like a list.
+  test::TempDir dir;
+  const std::string one = dir.write("one.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/int8.yaml\n"
+                                                "components:\n  quantizer: { plugin: int8, keep_float: output }\n");
+  o = tessera_cmd("eval --format json -p " + one + " --sensitivity --sensitivity-by kind " + text);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_EQ(nlohmann::json::parse(o.text.substr(o.text.find('{')))["keep_float_sensitivity"].size(), 7u) << o.text;
 }
 
 }  // namespace

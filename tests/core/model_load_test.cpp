@@ -208,6 +208,13 @@ TEST(ModelLoad, AQuantizerPatternThatMatchesNoWeightIsRefused) {
       {"plugin", "int4"}, {"overrides", {{{"pattern", {"blk.0.*", "blk.77.*"}}, {"scheme", "float"}}}}};
   EXPECT_THAT(message_of([&] { test::cpu_pipeline(test::kStoriesF32, {{"quantizer", past_the_layers}}); }),
               HasSubstr("overrides pattern 'blk.77.*' matches no weight"));
+  // One pattern given as a string (a list of one) is checked the same.
+  const nlohmann::json one_typo = {{"plugin", "int8"}, {"keep_float", "ouput"}};
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(test::kStoriesF32, {{"quantizer", one_typo}}); }),
+              HasSubstr("keep_float pattern 'ouput' matches no weight"));
+  const nlohmann::json plural = {{"plugin", "int4"}, {"overrides", {{{"patterns", {"ouput"}}, {"scheme", "int8"}}}}};
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(test::kStoriesF32, {{"quantizer", plural}}); }),
+              HasSubstr("unknown key 'patterns' (known: pattern, scheme, group_size)"));
   // Patterns that match load; "output" also names a head tied to token_embd.
   const nlohmann::json kept = {{"plugin", "int8"}, {"keep_float", {"output", "blk.1.*", "*.attn_v"}}};
   EXPECT_NO_THROW(test::cpu_pipeline(test::kStoriesF32, {{"quantizer", kept}}));

@@ -59,6 +59,10 @@ struct GreedyAgreement {
 // Greedy generation of `n` tokens for every prompt with both pipelines (each prompt alone).
 GreedyAgreement greedy_agreement(Pipeline& pipeline, Pipeline& baseline,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t n);
+// Throws Error, naming the limit, where a prompt and `n` tokens exceed either pipeline's sequence
+// bound (greedy_agreement checks it too; a caller checks it before work that would be lost).
+void check_greedy_agreement_fits(const Pipeline& pipeline, const Pipeline& baseline,
+                                 const std::vector<std::vector<int32_t>>& prompts, int64_t n);
 
 // Leave-one-out sensitivity of a quantized pipeline's weights: for each weight its quantizer
 // quantized (a format not f32/f16/bf16), or each group of them, the perplexity with that weight
