@@ -19,7 +19,7 @@ bool has_avx2() {
 IsaCap isa_cap() {
   static const IsaCap value = [] {
     const char* cap = std::getenv("TESSERA_CPU_ISA");
-    if (cap == nullptr) return IsaCap::none;
+    if (cap == nullptr || *cap == '\0') return IsaCap::none;  // set but empty: as unset
     if (std::string(cap) == "avx2") return IsaCap::avx2;
     if (std::string(cap) == "vnni") return IsaCap::vnni;
     throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
@@ -41,7 +41,7 @@ bool has_avx512_vnni() {
 
 StreamTuning stream_tuning() {
   static const StreamTuning value = [] {
-    if (const char* env = std::getenv("TESSERA_CPU_TUNING"); env != nullptr) {
+    if (const char* env = std::getenv("TESSERA_CPU_TUNING"); env != nullptr && *env != '\0') {  // empty: as unset
       if (std::string(env) == "amd") return StreamTuning::amd;
       if (std::string(env) == "intel") return StreamTuning::intel;
       throw Error(std::string("TESSERA_CPU_TUNING is '") + env +

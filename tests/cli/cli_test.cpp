@@ -87,7 +87,11 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   const Output any = tessera_cmd(prefill);
   ::setenv("TESSERA_CPU_ISA", "avx512", 1);
   const Output unknown = tessera_cmd(run);
+  ::setenv("TESSERA_CPU_ISA", "", 1);  // set but empty: as unset
+  ::setenv("TESSERA_CPU_TUNING", "", 1);
+  const Output empty = tessera_cmd(run);
   ::unsetenv("TESSERA_CPU_ISA");
+  ::unsetenv("TESSERA_CPU_TUNING");
   std::filesystem::remove_all(dir);
   ASSERT_EQ(capped.status, 0) << capped.text;
   const auto ids = [](const Output& o) {
@@ -102,6 +106,8 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   EXPECT_NE(refused.text.find("blk.0.attn_q.weight"), std::string::npos) << refused.text;
   EXPECT_EQ(unknown.status, 1);
   EXPECT_NE(unknown.text.find("TESSERA_CPU_ISA is 'avx512'"), std::string::npos) << unknown.text;
+  ASSERT_EQ(empty.status, 0) << empty.text;
+  EXPECT_EQ(ids(empty), ids(plain));
 }
 
 TEST(Cli, CpuIsaCapKeepsEveryLogprobToTheBit) {

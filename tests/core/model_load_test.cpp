@@ -72,9 +72,10 @@ TEST(ModelLoad, MetadataANormOrRopeCannotUseIsRefusedNamingTheKey) {
 }
 
 // stories260K rewritten through GgufWriter (its metadata types only): `extra` adds metadata and
-// tensors after its own, `shape_of` may store a tensor under another shape.
+// tensors after its own, `shape_of` may store a tensor under another shape, `edit` change its bytes.
 std::string rewrite_stories(const test::TempDir& dir, const std::function<void(GgufWriter&)>& extra,
-                            const std::function<std::vector<int64_t>(const GgufTensor&)>& shape_of = nullptr) {
+                            const std::function<std::vector<int64_t>(const GgufTensor&)>& shape_of = nullptr,
+                            const std::function<void(const GgufTensor&, std::vector<uint8_t>&)>& edit = nullptr) {
   const auto f = GgufFile::open(test::kStoriesF32);
   GgufWriter w;
   for (const auto& [key, v] : f->metadata()) {
@@ -99,8 +100,10 @@ std::string rewrite_stories(const test::TempDir& dir, const std::function<void(G
     }
   }
   for (const GgufTensor& t : f->tensors()) {
-    const auto* bytes = static_cast<const uint8_t*>(t.data);
-    w.add_tensor(t.name, shape_of ? shape_of(t) : t.shape, t.dtype, std::vector<uint8_t>(bytes, bytes + t.nbytes));
+    const auto* data = static_cast<const uint8_t*>(t.data);
+    std::vector<uint8_t> bytes(data, data + t.nbytes);
+    if (edit) edit(t, bytes);
+    w.add_tensor(t.name, shape_of ? shape_of(t) : t.shape, t.dtype, std::move(bytes));
   }
   extra(w);
   const std::string path = dir.path() + "/rewritten.gguf";
@@ -164,6 +167,22 @@ TEST(ModelLoad, IntegerWeightsAreRefusedNamingTheTensor) {
                         HasSubstr("not a weight type")));
     }
   }
+}
+
+TEST(ModelLoad, AWeightPastF16sRangeIsRefusedWhenConvertedToF16) {
+  // Converted to f16 it would be infinity, and the first logit it reaches NaN, at generation.
+  test::TempDir dir;
+  const std::string path = rewrite_stories(dir, [](GgufWriter&) {}, nullptr, [](const GgufTensor& t, std::vector<uint8_t>& bytes) {
+    if (t.name == "blk.1.attn_output.weight") {
+      const float big = 70000.0f;
+      std::memcpy(bytes.data() + 4 * 5, &big, 4);  // row 0, column 5
+    }
+  });
+  const nlohmann::json f16 = {{"plugin", "none"}, {"dtype", "f16"}};
+  EXPECT_THAT(message_of([&] { test::cpu_pipeline(path, {{"quantizer", f16}}); }),
+              HasSubstr("tensor blk.1.attn_output.weight row 0 holds 70000.000000, past f16's range (65504): use bf16 or f32"));
+  const nlohmann::json bf16 = {{"plugin", "none"}, {"dtype", "bf16"}};
+  EXPECT_NO_THROW(test::cpu_pipeline(path, {{"quantizer", bf16}}));
 }
 
 TEST(ModelLoad, ANonFiniteWeightIsRefusedNamingTheTensorAndRow) {
