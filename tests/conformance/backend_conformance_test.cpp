@@ -288,6 +288,95 @@ TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
   if (ran == 0) GTEST_SKIP() << "backend claims no gemm weight type";
 }
 
+// Integer weights as the int8 and int4 quantizers hand them to a backend: I8 with a scale per row
+// (w = q * s), I4 two a byte (low nibble first) with a scale per group and a zero point per group
+// (asymmetric) or 8 (symmetric): w = (q - z) * s. A backend may quantize x to int8 per token or per
+// block of 32 (symmetric, rounding to nearest): each x then moves by at most its amax / 254, so an
+// output by at most that times the row's sum of |w| (checked with twice that margin).
+TEST_P(BackendConformance, IntegerGemmsMatchTheirDequantizedWeights) {
+  struct IntCase {
+    DType type;
+    int64_t group;  // I4 only
+    bool asymmetric;
+  };
+  const std::vector<IntCase> cases = {{DType::I8, 0, false}, {DType::I4, 32, false}, {DType::I4, 32, true},
+                                      {DType::I4, 64, true}};
+  const std::vector<GemmShape> shapes = {{1, 16, 64}, {5, 24, 128}, {19, 40, 192}};
+  int ran = 0;
+  for (const IntCase& c : cases) {
+    if (!claims(Op::gemm, c.type)) continue;
+    for (const GemmShape& s : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(c.type)) + (c.group ? " group " + std::to_string(c.group) : "") +
+                   (c.asymmetric ? " asymmetric" : "") + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
+                   " k=" + std::to_string(s.k));
+      const uint64_t seed = 7000 + uint64_t(s.m * 31 + s.n * 7 + s.k) + (c.asymmetric ? 1 : 0) + uint64_t(c.group);
+      const auto w = random_floats(size_t(s.n * s.k), seed);
+      const auto x = random_floats(size_t(s.m * s.k), seed + 1, -2, 2);
+      const int64_t group = c.type == DType::I8 ? s.k : c.group, groups = s.k / group;
+      std::vector<float> scales(size_t(s.n * groups)), zeros(c.asymmetric ? scales.size() : 0), wd(w.size());
+      std::vector<uint8_t> packed(c.type == DType::I8 ? size_t(s.n * s.k) : size_t(s.n * s.k / 2), 0);
+      for (int64_t j = 0; j < s.n; ++j) {
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          const float* src = w.data() + j * s.k + gi * group;
+          const auto [lo, hi] = std::minmax_element(src, src + group);
+          const float amax = std::max(std::abs(*lo), std::abs(*hi));
+          float& scale = scales[size_t(j * groups + gi)];
+          float zero = 8;
+          if (c.type == DType::I8) {
+            scale = amax / 127;
+          } else if (c.asymmetric) {
+            scale = (*hi - *lo) / 15;
+            zero = -*lo / scale;
+            zeros[size_t(j * groups + gi)] = zero;
+          } else {
+            scale = amax / 7;
+          }
+          for (int64_t e = 0; e < group; ++e) {
+            const int64_t col = gi * group + e;
+            if (c.type == DType::I8) {
+              const auto q = int8_t(std::lround(src[e] / scale));
+              packed[size_t(j * s.k + col)] = uint8_t(q);
+              wd[size_t(j * s.k + col)] = float(q) * scale;
+            } else {
+              const long q = std::clamp<long>(std::lround(src[e] / scale + zero), 0, 15);
+              packed[size_t((j * s.k + col) / 2)] |= uint8_t(q << (col % 2 == 0 ? 0 : 4));
+              wd[size_t(j * s.k + col)] = (float(q) - zero) * scale;
+            }
+          }
+        }
+      }
+      std::vector<double> want(size_t(s.m * s.n)), bound(want.size());
+      for (int64_t i = 0; i < s.m; ++i) {
+        const float* xr = x.data() + i * s.k;
+        const double amax = std::abs(*std::max_element(xr, xr + s.k, [](float a, float b) { return std::abs(a) < std::abs(b); }));
+        for (int64_t j = 0; j < s.n; ++j) {
+          double acc = 0, abs_w = 0;
+          for (int64_t p = 0; p < s.k; ++p) {
+            acc += double(xr[p]) * wd[size_t(j * s.k + p)];
+            abs_w += std::abs(wd[size_t(j * s.k + p)]);
+          }
+          want[size_t(i * s.n + j)] = acc;
+          bound[size_t(i * s.n + j)] = amax / 127 * abs_w + 1e-5 * std::abs(acc) + 1e-6;
+        }
+      }
+      DeviceBuffer sbuf = upload(b(), scales), zbuf = upload(b(), c.asymmetric ? zeros : std::vector<float>(1)),
+                   xbuf = upload(b(), x);
+      for (bool prepared : {false, true}) {
+        SCOPED_TRACE(prepared ? "prepared weight" : "row-major weight");
+        DeviceBuffer wbuf = upload(b(), packed), ybuf = output(want.size());
+        WeightView view{wbuf.get(), c.type, s.n, s.k, sbuf.as<float>(), c.asymmetric ? zbuf.as<float>() : nullptr,
+                        c.type == DType::I4 ? group : 0};
+        if (prepared) b().prepare_weight(view);
+        b().gemm(xbuf.as<float>(), s.m, view, ybuf.as<float>());
+        b().synchronize();
+        EXPECT_TRUE(all_close(read_output(ybuf, want.size()), want, [&](size_t i) { return bound[i]; }));
+      }
+      ++ran;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "backend claims no integer gemm";
+}
+
 // ---- embedding ------------------------------------------------------------------------------------
 
 TEST_P(BackendConformance, EmbeddingGathersDequantizedRows) {
