@@ -71,7 +71,7 @@ void eval(EvalArgs args) {
   auto pipeline = build_pipeline(registry, spec, args.pipeline);
   if (args.ctx == 0) args.ctx = std::min<int64_t>(128, pipeline->max_sequence_tokens());
   const Tokenizer& tok = pipeline->tokenizer();
-  const std::vector<int32_t> tokens = tok.encode(text, true);
+  const std::vector<int32_t> tokens = perplexity_tokens(tok, text);
   std::unique_ptr<Pipeline> baseline;
   if (!args.baseline.empty()) {
     PipelineArgs base_args = args.pipeline;

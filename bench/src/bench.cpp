@@ -107,7 +107,7 @@ void accuracy_pass(std::vector<PipelineRun>& runs, const PipelineRun& ref, const
   const Tokenizer& tok = base->tokenizer();
   std::vector<int32_t> text;
   if (!text_path.empty()) {
-    text = tok.encode(read_text(text_path), true);
+    text = perplexity_tokens(tok, read_text(text_path));
     const size_t keep = size_t(o.accuracy_ctx * o.accuracy_chunks);
     if (text.size() > keep) text.resize(keep);
   }

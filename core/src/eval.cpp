@@ -189,6 +189,12 @@ std::vector<int32_t> greedy(Pipeline& p, const std::vector<int32_t>& prompt, int
 
 }  // namespace
 
+std::vector<int32_t> perplexity_tokens(const Tokenizer& tokenizer, std::string_view text) {
+  std::vector<int32_t> tokens = tokenizer.encode(text, false);
+  if (tokenizer.bos() >= 0) tokens.insert(tokens.begin(), tokenizer.bos());
+  return tokens;
+}
+
 void check_greedy_agreement_fits(const Pipeline& pipeline, const Pipeline& baseline,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
   // Both must generate all n tokens: one cut short by its sequence bound would count as disagreeing.

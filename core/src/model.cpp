@@ -67,11 +67,14 @@ ModelConfig read_model_config(const GgufFile& file) {
   auto unsupported = [&](const std::string& what) {
     throw Error(file.path() + ": " + what + " is not supported (its outputs would differ from the model's)");
   };
-  if (file.find(a + "rope.scaling.type") != nullptr) {
+  const bool scaling_named = file.find(a + "rope.scaling.type") != nullptr;
+  if (scaling_named) {
     const std::string type = file.get_string(a + "rope.scaling.type");
     if (type != "none") unsupported("RoPE scaling (" + a + "rope.scaling.type = " + type + ")");
   }
-  for (const std::string key : {a + "rope.scaling.factor", a + "rope.scale_linear"}) {
+  // A factor applies where no type says "none" (llama.cpp reads the older scale_linear as linear).
+  for (const std::string key : {scaling_named ? std::string() : a + "rope.scaling.factor", a + "rope.scale_linear"}) {
+    if (key.empty()) continue;
     const double factor = file.get_float(key, 0.0);
     if (factor != 0.0 && factor != 1.0) unsupported("RoPE scaling (" + key + " = " + std::to_string(factor) + ")");
   }

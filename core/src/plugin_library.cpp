@@ -69,9 +69,6 @@ PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.str
     }
     throw Error(path_ + ": cannot load plugin library: " + why);
   }
-  // Never unloaded: an exception a plugin threw (its type's vtable and what() live in the library)
-  // may still be unwinding, or be caught and read, after the objects that held the library are gone.
-  if (void* pin = dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE); pin != nullptr) dlclose(pin);
   if (!library_.has(TESSERA_PLUGIN_ENTRY_SYMBOL)) {
     throw Error(path_ + ": not a Tessera plugin (no exported '" TESSERA_PLUGIN_ENTRY_SYMBOL
                 "' entry point)");
@@ -105,6 +102,15 @@ PluginLibrary::PluginLibrary(const std::filesystem::path& path) : path_(path.str
                 manifest_->compiler + ") does not match this Tessera's '" TESSERA_BUILD_ID
                 "'; rebuild the plugin with the same toolchain");
   }
+}
+
+void PluginLibrary::keep_loaded() const {
+  // Never unloaded once accepted: an exception a plugin threw (its type's vtable and what() live in
+  // the library) may still be unwinding, or be caught and read, after the objects that held the
+  // library are gone. A refused library is not pinned and unloads with its PluginLibrary.
+  void* pin = dlopen(path_.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  if (pin == nullptr) throw Error(path_ + ": cannot keep the plugin library loaded: " + std::string(dlerror()));
+  dlclose(pin);
 }
 
 }  // namespace tessera

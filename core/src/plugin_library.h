@@ -17,6 +17,8 @@ class PluginLibrary {
   explicit PluginLibrary(const std::filesystem::path& path);
   const std::string& path() const { return path_; }
   const PluginManifest& manifest() const { return *manifest_; }
+  // Pins the library for the rest of the process (RTLD_NODELETE); called once it is accepted.
+  void keep_loaded() const;
 
  private:
   std::string path_;

@@ -74,6 +74,7 @@ void Registry::load_library(const fs::path& path) {
   if (!library->manifest().register_components(adder, error, sizeof error)) {
     throw Error(canonical + ": plugin registration failed: " + error);
   }
+  library->keep_loaded();
   for (auto& e : adder.pending) entries_.push_back(std::move(e));
   libraries_.push_back(std::move(library));
 }

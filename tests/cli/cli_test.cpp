@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "tessera/plugin.h"
@@ -88,10 +89,16 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   ::setenv("TESSERA_CPU_ISA", "avx512", 1);
   const Output unknown = tessera_cmd(run);
   ::setenv("TESSERA_CPU_ISA", "", 1);  // set but empty: as unset
+  const char* tuning = std::getenv("TESSERA_CPU_TUNING");
+  const std::optional<std::string> saved_tuning = tuning ? std::optional<std::string>(tuning) : std::nullopt;
   ::setenv("TESSERA_CPU_TUNING", "", 1);
   const Output empty = tessera_cmd(run);
   ::unsetenv("TESSERA_CPU_ISA");
-  ::unsetenv("TESSERA_CPU_TUNING");
+  if (saved_tuning) {
+    ::setenv("TESSERA_CPU_TUNING", saved_tuning->c_str(), 1);
+  } else {
+    ::unsetenv("TESSERA_CPU_TUNING");
+  }
   std::filesystem::remove_all(dir);
   ASSERT_EQ(capped.status, 0) << capped.text;
   const auto ids = [](const Output& o) {

@@ -6,6 +6,8 @@
 
 #include "test_util.h"
 #include "tessera/eval.h"
+#include "tessera/gguf.h"
+#include "tessera/tokenizer.h"
 
 namespace tessera {
 namespace {
@@ -168,6 +170,16 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("quantizer 'none' has no keep_float parameter"), std::string::npos) << e.what();
   }
+}
+
+TEST(Perplexity, TokensStartWithBosAndNeverEndWithEos) {
+  // Every chunk starts with BOS, whatever the vocabulary's add_bos_token; an add_eos_token would put
+  // an EOS at the end of the text (scored as if the text said it).
+  Vocabulary v = load_vocabulary(*GgufFile::open(test::kStoriesF32));
+  v.add_bos = false;
+  v.add_eos = true;
+  const auto tok = Tokenizer::create(v);
+  EXPECT_EQ(perplexity_tokens(*tok, "Once upon a time"), (std::vector<int32_t>{1, 403, 407, 261, 378}));
 }
 
 TEST(Perplexity, RefusesTextShorterThanOneChunk) {

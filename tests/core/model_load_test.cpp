@@ -128,12 +128,14 @@ TEST(ModelLoad, RopeScalingAndOtherHeadSizesAreRefusedNotIgnored) {
               HasSubstr("tensor 'rope_freqs.weight'"));
   EXPECT_THAT(refused([](GgufWriter& w) { w.add_uint32("llama.attention.key_length", 16); }),
               HasSubstr("llama.attention.key_length = 16 (a head size other than"));
-  // What changes nothing is accepted: scaling "none", a factor of 1, the head size as it is.
+  // What changes nothing is accepted: scaling "none" (whatever factor comes with it, as llama.cpp
+  // reads it), a factor of 1, the head size as it is.
   EXPECT_NO_THROW(test::cpu_pipeline(rewrite_stories(dir, [](GgufWriter& w) {
     w.add_string("llama.rope.scaling.type", "none");
-    w.add_float32("llama.rope.scaling.factor", 1);
+    w.add_float32("llama.rope.scaling.factor", 4);
     w.add_uint32("llama.attention.key_length", 8);
   })));
+  EXPECT_NO_THROW(test::cpu_pipeline(rewrite_stories(dir, [](GgufWriter& w) { w.add_float32("llama.rope.scaling.factor", 1); })));
 }
 
 TEST(ModelLoad, TrailingDimensionsOfOneAreTheSameShape) {

@@ -1,5 +1,6 @@
 // The plugin loader through real shared libraries: refusals name the file and the reason, refused
 // libraries leave nothing behind, and created objects keep their library loaded.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,6 +42,10 @@ TEST(Registry, RefusesAnAbiMismatchNamingTheFile) {
   EXPECT_NE(msg.find("libtestlib_bad_abi.so"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ABI version " + std::to_string(TESSERA_ABI_VERSION + 1)), std::string::npos) << msg;
   EXPECT_TRUE(r.all_entries().empty());
+  // Refused, it is not kept loaded (accepted libraries are, for good).
+  void* still = dlopen((kLibs + "/libtestlib_bad_abi.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_EQ(still, nullptr) << "a refused library stayed mapped";
+  if (still != nullptr) dlclose(still);
 }
 
 TEST(Registry, RefusesAForeignBuildIdentity) {
@@ -173,6 +178,10 @@ TEST(Registry, ObjectsKeepTheirLibraryLoaded) {
   item.rng_state = &rng;
   decoder->select(std::span<DecodeItem>(&item, 1));
   EXPECT_EQ(item.tokens, std::vector<int32_t>{1});
+  decoder.reset();  // the last holder gone, an accepted library stays mapped (see PluginLibrary)
+  void* still = dlopen((std::string(TESSERA_PLUGIN_DIR) + "/libtessera_decoder_sampling.so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(still, nullptr);
+  if (still != nullptr) dlclose(still);
 }
 
 TEST(Registry, ParametersAreValidatedAgainstTheDeclaration) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/pipeline.h"
@@ -23,6 +24,10 @@ struct PerplexityResult {
   double seconds = 0;
   std::vector<int32_t> predictions;  // argmax at every scored position (for teacher-forced agreement)
 };
+
+// A text's ids as perplexity reads them: BOS first (where the vocabulary has one, whatever its
+// add_bos_token says: every chunk starts with it), no EOS.
+std::vector<int32_t> perplexity_tokens(const Tokenizer& tokenizer, std::string_view text);
 
 // `tokens` is the tokenised text with BOS; throws Error when it is shorter than one chunk.
 PerplexityResult perplexity(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t ctx);

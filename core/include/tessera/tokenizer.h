@@ -50,8 +50,10 @@ class Tokenizer {
   // (TokenType 4) match as whole tokens, control tokens' texts ("<s>") are plain text. With
   // add_special, BOS first and EOS last where the vocabulary asks for them (add_bos, add_eos).
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
-  // Text of a sequence. The space that encode adds after BOS is removed, so decode(encode(x, true))
-  // == x; a completion decoded alone (no BOS) keeps its leading space, as it continues a prompt.
+  // Text of a sequence. The space that encode puts in front of the text is removed after BOS, so
+  // decode(encode(x, true)) == x where the vocabulary adds BOS and x holds no user-defined token
+  // (the text after one keeps the space encode put before it, as in llama.cpp); a completion
+  // decoded alone (no BOS) keeps its leading space, as it continues a prompt.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // Raw bytes of one token: byte tokens give their byte, U+2581 becomes a space, control tokens
   // give "". Concatenating pieces (e.g. when streaming) yields valid UTF-8 once all bytes arrive.
