@@ -191,8 +191,12 @@ void eval(EvalArgs args) {
                     static_cast<long long>(t.weights), t.perplexity, 100.0 * (t.perplexity - r.perplexity) / r.perplexity);
       std::cout << line;
       if (t.kl_mean >= 0) {
-        std::snprintf(line, sizeof line, "  KL %.5f (%+.1f%%)", t.kl_mean, 100.0 * (t.kl_mean - compared->kl.mean) / compared->kl.mean);
+        std::snprintf(line, sizeof line, "  KL %.5f", t.kl_mean);
         std::cout << line;
+        if (compared->kl.mean > 0) {  // a change relative to the pipeline's own KL, where it has one
+          std::snprintf(line, sizeof line, " (%+.1f%%)", 100.0 * (t.kl_mean - compared->kl.mean) / compared->kl.mean);
+          std::cout << line;
+        }
       }
       std::snprintf(line, sizeof line, " %+12lld bytes\n", static_cast<long long>(t.extra_weight_bytes));
       std::cout << line;

@@ -263,6 +263,9 @@ std::vector<TensorSensitivity> keep_float_sensitivity(
     const auto same = [&](const TensorSensitivity& t) { return t.tensor == pattern; };
     if (auto it = std::find_if(quantized.begin(), quantized.end(), same); it != quantized.end()) {
       ++it->weights;
+      // A group of several formats lists each once ("int4/g32/asym+int8").
+      const std::string listed = "+" + it->format + "+";
+      if (listed.find("+" + format + "+") == std::string::npos) it->format += "+" + format;
     } else {
       quantized.push_back({pattern, format, 1});
     }

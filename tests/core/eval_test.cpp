@@ -162,6 +162,15 @@ TEST(KeepFloatSensitivity, ScoresEveryQuantizedWeightOrGroupKeptInFloat) {
   EXPECT_EQ(v->perplexity, v_compared.pipeline.perplexity);
   EXPECT_EQ(v->kl_mean, v_compared.kl.mean);
   for (const TensorSensitivity& k : kinds) EXPECT_GT(k.kl_mean, 0.0) << k.tensor;
+  // A group of weights in several formats names each once.
+  const PipelineSpec mixed = test::cpu_spec(
+      test::kStoriesF32, {{"quantizer", {{"plugin", "int4"}, {"keep_float", {"output"}},
+                                         {"overrides", {{{"pattern", "*.attn_v.weight"}, {"scheme", "int8"}}}}}}});
+  auto mixed_built = Pipeline::build(mixed, test::plugins());
+  for (const TensorSensitivity& b :
+       keep_float_sensitivity(mixed, test::plugins(), {}, mixed_built->model(), tokens, 128, SensitivityGroup::block)) {
+    EXPECT_EQ(b.format, "int4/g32/sym+int8") << b.tensor;
+  }
   // Nothing to keep in float without a quantizer that quantizes.
   const PipelineSpec plain = test::cpu_spec(test::kStoriesF32);
   try {

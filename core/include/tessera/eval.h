@@ -81,7 +81,7 @@ enum class SensitivityGroup {
 
 struct TensorSensitivity {
   std::string tensor;              // the keep_float pattern scored: a weight's name or a group's pattern
-  std::string format;              // the format of its (first) weight in the pipeline, e.g. "int4/g32/asym"
+  std::string format;              // its weights' formats in the pipeline, e.g. "int4/g32/asym+int8"
   int64_t weights = 0;             // how many quantized weights the pattern keeps in float
   double perplexity = 0;           // the pipeline's with this weight kept in float
   double kl_mean = -1;             // its mean KL divergence from the baseline, with one (else -1)
