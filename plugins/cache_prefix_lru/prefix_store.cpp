@@ -89,7 +89,7 @@ void PrefixStore::acquire(int32_t block) {
   }
   BlockInfo& info = info_.at(size_t(block));
   if (!info.cached) throw Error("cache prefix_lru: acquire of block " + std::to_string(block) + ", which is free and not cached");
-  info.owner->evictable.erase({info.tick, block});
+  forget_evictable(*info.owner, info.tick, block);
   pool_.take(block);
 }
 
@@ -116,6 +116,7 @@ void PrefixStore::release(int32_t block) {
   if (info.cached) {
     info.tick = ++clock_;
     info.owner->evictable.insert({info.tick, block});
+    owners_of_evictable_.insert(info.owner);
   } else {
     free_uncached_.push_back(block);
   }
@@ -151,10 +152,15 @@ void PrefixStore::uncache(int32_t block) {
   --info.owner->stats.cached_blocks;
   info.cached = false;
   if (pool_.ref_count(block) == 0) {
-    info.owner->evictable.erase({info.tick, block});
+    forget_evictable(*info.owner, info.tick, block);
     free_uncached_.push_back(block);
   }
   info.owner = nullptr;
+}
+
+void PrefixStore::forget_evictable(UserState& owner, uint64_t tick, int32_t block) {
+  owner.evictable.erase({tick, block});
+  if (owner.evictable.empty()) owners_of_evictable_.erase(&owner);
 }
 
 void PrefixStore::evict(int32_t block) {
@@ -169,12 +175,11 @@ int32_t PrefixStore::pick_victim() const {
   // a floor; the least recently released block within.
   std::pair<int, uint64_t> best{std::numeric_limits<int>::max(), 0};
   int32_t victim = -1;
-  for (const auto& [name, u] : users_) {
-    if (u.evictable.empty()) continue;
-    const std::pair<int, uint64_t> key{u.stats.cached_blocks > floor_blocks_ ? 0 : 1, u.evictable.begin()->first};
+  for (const UserState* u : owners_of_evictable_) {
+    const std::pair<int, uint64_t> key{u->stats.cached_blocks > floor_blocks_ ? 0 : 1, u->evictable.begin()->first};
     if (key < best) {
       best = key;
-      victim = u.evictable.begin()->second;
+      victim = u->evictable.begin()->second;
     }
   }
   if (victim < 0) throw Error("cache prefix_lru: no block to evict (free-block accounting is broken)");

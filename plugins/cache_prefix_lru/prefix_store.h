@@ -107,6 +107,7 @@ class PrefixStore {
   };
 
   void evict(int32_t block);  // an evictable block leaves the index and becomes uncached free
+  void forget_evictable(UserState& owner, uint64_t tick, int32_t block);  // referenced again, or uncached
   int32_t pick_victim() const;
 
   BlockPool pool_;
@@ -117,6 +118,8 @@ class PrefixStore {
   std::vector<int32_t> free_uncached_;  // a stack: the lowest ids come out first on a fresh pool
   std::unordered_map<Key, int32_t, KeyHash> index_;
   std::map<std::string, UserState> users_;  // map: node addresses stay valid (sequences point at them)
+  // The users with an evictable block: what pick_victim looks through (not every user ever seen).
+  std::set<UserState*> owners_of_evictable_;
   std::map<std::string, uint32_t> namespaces_;
   uint64_t clock_ = 0;
   int64_t evictions_ = 0;
