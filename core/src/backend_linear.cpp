@@ -43,14 +43,10 @@ std::unique_ptr<Linear> make_float_linear(Backend& backend, const WeightSource& 
       if (target != DType::F32) {
         for (int64_t i = 0; i < w.cols; ++i) {
           half[size_t(i)] = target == DType::F16 ? f32_to_fp16(row[size_t(i)]) : f32_to_bf16(row[size_t(i)]);
-        }
-        // A weight past f16's range would become infinity and every logit it reaches NaN.
-        if (target == DType::F16) {
-          for (int64_t i = 0; i < w.cols; ++i) {
-            if (!std::isfinite(fp16_to_f32(half[size_t(i)]))) {
-              throw Error(who + ": tensor " + w.name + " row " + std::to_string(r) + " holds " +
-                          std::to_string(row[size_t(i)]) + ", past f16's range (65504): use bf16 or f32");
-            }
+          // A weight past f16's range would become infinity and every logit it reaches NaN.
+          if (target == DType::F16 && !std::isfinite(fp16_to_f32(half[size_t(i)]))) {
+            throw Error(who + ": tensor " + w.name + " row " + std::to_string(r) + " holds " +
+                        std::to_string(row[size_t(i)]) + ", past f16's range (65504): use bf16 or f32");
           }
         }
         out = half.data();

@@ -72,12 +72,13 @@ ModelConfig read_model_config(const GgufFile& file) {
     const std::string type = file.get_string(a + "rope.scaling.type");
     if (type != "none") unsupported("RoPE scaling (" + a + "rope.scaling.type = " + type + ")");
   }
-  // A factor applies where no type says "none" (llama.cpp reads the older scale_linear as linear).
-  for (const std::string key : {scaling_named ? std::string() : a + "rope.scaling.factor", a + "rope.scale_linear"}) {
-    if (key.empty()) continue;
+  auto unit_factor = [&](const std::string& key) {
     const double factor = file.get_float(key, 0.0);
     if (factor != 0.0 && factor != 1.0) unsupported("RoPE scaling (" + key + " = " + std::to_string(factor) + ")");
-  }
+  };
+  // A factor applies where no type says "none" (llama.cpp reads the older scale_linear as linear).
+  if (!scaling_named) unit_factor(a + "rope.scaling.factor");
+  unit_factor(a + "rope.scale_linear");
   if (file.find_tensor("rope_freqs.weight") != nullptr) unsupported("RoPE frequency factors (tensor 'rope_freqs.weight')");
   for (const std::string key : {a + "attention.key_length", a + "attention.value_length"}) {
     if (const int64_t n = file.get_int(key, c.head_dim); n != c.head_dim) {
