@@ -11,7 +11,7 @@ namespace tessera::cpu {
 bool has_avx2() {
   static const bool value = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return isa_cap() != IsaCap::scalar && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return value;
 }
@@ -22,16 +22,17 @@ IsaCap isa_cap() {
     if (cap == nullptr || *cap == '\0') return IsaCap::none;  // set but empty: as unset
     if (std::string(cap) == "avx2") return IsaCap::avx2;
     if (std::string(cap) == "vnni") return IsaCap::vnni;
+    if (std::string(cap) == "scalar") return IsaCap::scalar;
     throw Error(std::string("TESSERA_CPU_ISA is '") + cap +
-                "': the CPU kernels take avx2 (no AVX-512, no AMX) or vnni (no AMX), or leave it unset for what "
-                "the CPU has");
+                "': the CPU kernels take avx2 (no AVX-512, no AMX), vnni (no AMX) or scalar (no AVX2: the "
+                "portable code every x86-64 CPU runs), or leave it unset for what the CPU has");
   }();
   return value;
 }
 
 bool has_avx512_vnni() {
   static const bool value = [] {
-    if (isa_cap() == IsaCap::avx2) return false;
+    if (isa_cap() == IsaCap::avx2) return false;  // scalar: has_avx2() is false
     __builtin_cpu_init();
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");

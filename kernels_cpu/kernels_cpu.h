@@ -60,9 +60,10 @@ void for_rows(int64_t n, bool parallel, const Body& body) {
 
 bool has_avx2();
 // TESSERA_CPU_ISA caps the instructions the kernels use where the CPU has more: avx2 keeps them off
-// AVX-512 (VNNI, the f32 prefill's 512-bit FMAs) and AMX, vnni off AMX only; to compare them on one
-// machine, or to see what a CPU without them gets. Another value is refused by name.
-enum class IsaCap { none, vnni, avx2 };
+// AVX-512 (VNNI, the f32 prefill's 512-bit FMAs) and AMX, vnni off AMX only, scalar off AVX2 too
+// (has_avx2() false: the portable paths a pre-Haswell x86-64 runs); to compare them on one machine,
+// or to test what a CPU without them gets. Another value is refused by name.
+enum class IsaCap { none, vnni, avx2, scalar };
 IsaCap isa_cap();
 // AVX-512F with AVX2 and FMA (the f32 prefill tiles' 512-bit FMAs, gemm_f32_cpu.cpp; attention's
 // transposed-key scores and value sums, vec_math_cpu.cpp); TESSERA_CPU_ISA=avx2 hides it.

@@ -102,10 +102,10 @@ inline Backend& cpu_backend() {
 
 // Deterministic uniform floats in [lo, hi).
 // Whether the CPU kernels' `vnni` variant can run here (AVX-512 VNNI on 256-bit vectors, not hidden
-// by TESSERA_CPU_ISA=avx2).
+// by TESSERA_CPU_ISA=avx2 or scalar).
 inline bool cpu_has_vnni() {
   const char* isa = std::getenv("TESSERA_CPU_ISA");
-  if (isa != nullptr && std::string(isa) == "avx2") return false;
+  if (isa != nullptr && (std::string(isa) == "avx2" || std::string(isa) == "scalar")) return false;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }

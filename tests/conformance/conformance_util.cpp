@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 namespace tessera::conformance {
@@ -89,6 +90,22 @@ std::vector<Variant> choice_variants(ComponentKind kind, const std::string& name
     }
   }
   return out;
+}
+
+std::string missing_cpu_isa(const Variant& variant) {
+  const auto kernel = variant.params.find("kernel");
+  if (kernel == variant.params.end() || !kernel->is_string()) return "";
+  const std::string name = kernel->get<std::string>();
+  if (name != "vnni" && name != "dnnl") return "";
+  const char* isa = std::getenv("TESSERA_CPU_ISA");
+  if (isa != nullptr && (std::string(isa) == "avx2" || std::string(isa) == "scalar")) {
+    return "kernel=" + name + " needs AVX-512 VNNI, hidden by TESSERA_CPU_ISA=" + isa;
+  }
+  __builtin_cpu_init();
+  const bool vnni = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vnni");
+  return vnni ? "" : "kernel=" + name + " needs AVX-512 VNNI (avx512vnni, avx512vl, avx512bw), which this CPU lacks";
 }
 
 Backend& cpu() {

@@ -65,6 +65,10 @@ struct Variant {
   nlohmann::json params;
 };
 std::vector<Variant> choice_variants(ComponentKind kind, const std::string& name);
+// Why this CPU cannot run `variant` ("kernel=vnni needs AVX-512 VNNI ..."), or "" when it can: the
+// CPU kernels that name an instruction set (`kernel: vnni`, and oneDNN's `kernel: dnnl`, which
+// needs VNNI too) are refused where the CPU lacks it or TESSERA_CPU_ISA (avx2, scalar) hides it.
+std::string missing_cpu_isa(const Variant& variant);
 
 // The CPU backend that component plugins run on (shared; it is stateless apart from memory).
 Backend& cpu();

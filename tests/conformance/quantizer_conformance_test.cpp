@@ -162,14 +162,37 @@ TEST(QuantizerPlugins, AtLeastOneIsLoaded) {
       << "no quantizer plugin in " << plugin_source() << "\n" << load_failures();
 }
 
-TEST_P(QuantizerConformance, LinearComputesXTimesWTransposed) {
-  // Defaults first, then each declared choice (e.g. the target dtype) so every format is reached.
-  for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
-    SCOPED_TRACE(variant.label);
-    auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
-    ASSERT_NE(quantizer, nullptr);
-    check_linears(*quantizer);
+// One plugin with one parameter set: its defaults, then each declared choice (e.g. the target dtype,
+// a kernel) so every format and kernel is reached, each its own test so that a kernel this CPU
+// cannot run is skipped by name while the others run.
+struct QuantizerVariant {
+  std::string plugin;
+  Variant variant;
+};
+
+std::vector<QuantizerVariant> quantizer_variants() {
+  std::vector<QuantizerVariant> out;
+  for (const std::string& name : plugin_names(ComponentKind::quantizer)) {
+    for (Variant& v : choice_variants(ComponentKind::quantizer, name)) out.push_back({name, std::move(v)});
   }
+  return out;
+}
+
+class QuantizerVariantConformance : public testing::TestWithParam<QuantizerVariant> {
+ protected:
+  void SetUp() override {
+    const std::string missing = missing_cpu_isa(GetParam().variant);
+    if (!missing.empty()) GTEST_SKIP() << GetParam().plugin << " " << GetParam().variant.label << ": " << missing;
+  }
+  std::unique_ptr<Quantizer> make() const {
+    return registry().create<Quantizer>(GetParam().plugin, GetParam().variant.params, "conformance test");
+  }
+};
+
+TEST_P(QuantizerVariantConformance, LinearComputesXTimesWTransposed) {
+  auto quantizer = make();
+  ASSERT_NE(quantizer, nullptr);
+  check_linears(*quantizer);
 }
 
 TEST_P(QuantizerConformance, LinearsAreIndependent) {
@@ -191,7 +214,7 @@ TEST_P(QuantizerConformance, LinearsAreIndependent) {
   EXPECT_NE(download<float>(b, yb.get(), size_t(rows)), before);
 }
 
-TEST_P(QuantizerConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
+TEST_P(QuantizerVariantConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
   // A layer's q, k and v as the model asks for them: one Linear whose outputs are the parts' side
   // by side, each as the part's own Linear computes it (row counts are whole 16-row tiles, as in
   // real models, so no kernel puts a row in a different tile), or null, and then the model keeps
@@ -202,9 +225,8 @@ TEST_P(QuantizerConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
       {"blk.1.attn_q.weight", 48}, {"blk.1.attn_k.weight", 16}, {"blk.1.attn_v.weight", 16}};
   for (DType src : {DType::F32, DType::F16, DType::Q8_0}) {
     SCOPED_TRACE(dtype_name(src));
-    for (const Variant& variant : choice_variants(ComponentKind::quantizer, GetParam())) {
-      SCOPED_TRACE(variant.label);
-      auto quantizer = registry().create<Quantizer>(GetParam(), variant.params, "conformance test");
+    {
+      auto quantizer = make();
       std::vector<Source> sources;
       std::vector<WeightSource> parts;
       for (size_t i = 0; i < shapes.size(); ++i) sources.push_back(make_source(src, shapes[i].second, cols, 50 + i));
@@ -241,7 +263,7 @@ TEST_P(QuantizerConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
       EXPECT_EQ(fused->resident_bytes(), bytes) << "the fused weight is the parts' storage, no more";
     }
   }
-  auto quantizer = create_default<Quantizer>(GetParam());
+  auto quantizer = make();
   const Source a = make_source(DType::F32, 16, cols, 70), c = make_source(DType::F16, 16, cols, 71);
   const std::vector<WeightSource> mixed = {{"blk.0.ffn_gate.weight", DType::F32, a.bytes.data(), 16, cols},
                                            {"blk.0.ffn_up.weight", DType::F16, c.bytes.data(), 16, cols}};
@@ -250,6 +272,10 @@ TEST_P(QuantizerConformance, AFusedLinearGivesItsPartsResultsOrIsDeclined) {
 
 INSTANTIATE_TEST_SUITE_P(Quantizers, QuantizerConformance,
                          testing::ValuesIn(plugin_names(ComponentKind::quantizer)), param_name);
+INSTANTIATE_TEST_SUITE_P(Quantizers, QuantizerVariantConformance, testing::ValuesIn(quantizer_variants()),
+                         [](const testing::TestParamInfo<QuantizerVariant>& info) {
+                           return param_name({info.param.plugin + "_" + info.param.variant.label, info.index});
+                         });
 
 }  // namespace
 }  // namespace tessera
