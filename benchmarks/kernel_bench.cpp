@@ -52,6 +52,15 @@ const std::vector<Scheme>& schemes() {
       {"int4-g32-avx2", "int4", {{"group_size", 32}, {"kernel", "avx2"}}, DType::F32},
       // pipelines/int4.yaml's scheme.
       {"int4-g32-asym", "int4", {{"group_size", 32}, {"scheme", "asymmetric"}}, DType::F32},
+      // The other GGUF block formats (indices 11-18), quantized by Tessera's ggml-style quantizers.
+      {"gguf-q2_k", "gguf", nlohmann::json::object(), DType::Q2_K},
+      {"gguf-q3_k", "gguf", nlohmann::json::object(), DType::Q3_K},
+      {"gguf-q5_k", "gguf", nlohmann::json::object(), DType::Q5_K},
+      {"gguf-q4_1", "gguf", nlohmann::json::object(), DType::Q4_1},
+      {"gguf-q5_0", "gguf", nlohmann::json::object(), DType::Q5_0},
+      {"gguf-q5_1", "gguf", nlohmann::json::object(), DType::Q5_1},
+      {"gguf-iq4_nl", "gguf", nlohmann::json::object(), DType::IQ4_NL},
+      {"gguf-iq4_xs", "gguf", nlohmann::json::object(), DType::IQ4_XS},
   };
   return s;
 }
@@ -181,6 +190,7 @@ void BM_GemvStream(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvStream)
     ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}, {1}})
+    ->ArgsProduct({benchmark::CreateDenseRange(11, 18, 1), {2048}, {768}, {1}})  // the other GGUF formats
     ->ArgsProduct({{0, 2, 3}, {16384}, {2048}, {1}})
     ->ArgsProduct({{2, 3, 4}, {2048}, {768}, {4, 16}})
     ->Unit(benchmark::kMillisecond)

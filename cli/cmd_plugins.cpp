@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "tessera/error.h"
+#include "tessera/model.h"
 
 namespace tessera::cli {
 
@@ -34,6 +35,7 @@ void list(const std::string& format) {
     for (const auto& f : registry.failures()) out["failed"].push_back({{"library", f.library}, {"error", f.message}});
     out["search_path"] = nlohmann::json::array();
     for (const auto& d : Registry::default_search_path()) out["search_path"].push_back(d.string());
+    out["architectures"] = supported_architectures();
     std::cout << out.dump(2) << "\n";
     return;
   }
@@ -48,6 +50,9 @@ void list(const std::string& format) {
       }
     }
   }
+  std::cout << "model architectures (core):";
+  for (const auto& a : supported_architectures()) std::cout << " " << a;
+  std::cout << "\n";
   if (entries.empty()) {
     std::cout << "no plugins found; searched:";
     for (const auto& d : Registry::default_search_path()) std::cout << " " << d.string();

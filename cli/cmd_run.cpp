@@ -129,6 +129,8 @@ void run(const RunArgs& args) {
       j["tokens_out"] = r.tokens.size();
       j["pipeline"] = pipeline->describe();
       j["model"] = pipeline->model_path();
+      j["architecture"] = model.config().architecture;
+      j["tokenizer"] = tok.vocabulary().model;
       j["weight_bytes"] = model.weight_bytes();
       j["weights"] = model.weight_formats();
       j["weight_bytes_per_token"] = model.decode_bytes_per_token();

@@ -1,4 +1,4 @@
-// tessera synth: write a synthetic llama GGUF of a preset shape (with overrides) for performance work.
+// tessera synth: write a synthetic GGUF of any supported architecture of a preset shape (with overrides) for performance work.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -8,7 +8,9 @@
 
 #include "commands.h"
 #include "tessera/error.h"
+#include "tessera/gguf.h"
 #include "tessera/synth.h"
+#include "tessera/tokenizer.h"
 
 namespace tessera::cli {
 
@@ -16,6 +18,11 @@ namespace {
 
 struct SynthArgs {
   std::string preset = "110m";
+  std::string arch = "llama";
+  std::string rope_scaling = "none";
+  std::string vocab_file;
+  std::optional<double> rope_factor;
+  std::optional<int64_t> head_dim, sliding_window;
   std::string dtype = "f32";
   std::string output;
   std::optional<uint64_t> seed;
@@ -24,15 +31,24 @@ struct SynthArgs {
   bool tied = false;
 };
 
+constexpr const char* kDtypes =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs; mixed like "
+    "llama.cpp's: q3_k_m, q4_k_m, q5_k_m";
+
 DType parse_dtype(const std::string& s) {
   if (s == "f32") return DType::F32;
   if (s == "f16") return DType::F16;
   if (s == "bf16") return DType::BF16;
   if (s == "q8_0") return DType::Q8_0;
   if (s == "q4_0") return DType::Q4_0;
-  if (s == "q4_k") return DType::Q4_K;
-  if (s == "q6_k") return DType::Q6_K;
-  throw Error("--dtype '" + s + "' is not supported (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
+    if (s == dtype_name(t)) return t;
+  }
+  for (const std::string& recipe : synth_recipe_names()) {
+    if (s == recipe) return synth_recipe_base(recipe);
+  }
+  throw Error("--dtype '" + s + "' is not supported (" + std::string(kDtypes) + ")");
 }
 
 std::string human_bytes(double b) {
@@ -58,11 +74,22 @@ void synth(const SynthArgs& a) {
   s.n_kv_heads = a.kv_heads ? *a.kv_heads : (mha ? s.n_heads : s.n_kv_heads);
   if (a.vocab) s.vocab = *a.vocab;
   if (a.context) s.context_length = *a.context;
+  if (a.arch == "gemma3") s.rope_theta = 1e6;  // its global layers' base (the local ones take 10000)
   if (a.rope_theta) s.rope_theta = *a.rope_theta;
   if (a.rms_eps) s.rms_eps = *a.rms_eps;
   if (a.seed) s.seed = *a.seed;
   s.tied_output = a.tied;
+  s.arch = a.arch;
+  if (a.head_dim) s.head_dim = *a.head_dim;
+  if (a.sliding_window) s.sliding_window = *a.sliding_window;
+  s.rope_scaling = a.rope_scaling;
+  if (!a.vocab_file.empty()) {
+    s.vocab_file = a.vocab_file;
+    s.vocab = int64_t(load_vocabulary(*GgufFile::open(a.vocab_file)).tokens.size());
+  }
+  if (a.rope_factor) s.rope_factor = *a.rope_factor;
   s.dtype = parse_dtype(a.dtype);
+  if (a.dtype.size() > 2 && a.dtype.compare(a.dtype.size() - 2, 2, "_m") == 0) s.recipe = a.dtype;
   validate_synth_spec(s);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -71,7 +98,7 @@ void synth(const SynthArgs& a) {
   const auto bytes = std::filesystem::file_size(a.output);
   char params[32];
   std::snprintf(params, sizeof params, "%.1fM", synth_parameter_count(s) / 1e6);
-  std::cout << a.output << ": " << s.preset << " llama, " << params << " parameters (dim " << s.dim << ", ffn "
+  std::cout << a.output << ": " << s.preset << " " << s.arch << ", " << params << " parameters (dim " << s.dim << ", ffn "
             << s.ffn_dim << ", " << s.n_layers << " layers, " << s.n_heads << "/" << s.n_kv_heads
             << " heads, vocab " << s.vocab << ", context " << s.context_length << (s.tied_output ? ", tied" : "")
             << "), " << dtype_name(s.dtype) << ", seed " << s.seed << ", " << human_bytes(double(bytes)) << " in "
@@ -98,9 +125,19 @@ void add_synth_command(CLI::App& app) {
   for (const auto& p : synth_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   CLI::App* cmd = app.add_subcommand("synth", "Write a synthetic llama GGUF (random weights) of a given shape");
   cmd->add_option("--preset", a->preset, "shape preset: " + presets)->capture_default_str();
+  std::string archs;
+  for (const auto& n : synth_architectures()) archs += (archs.empty() ? "" : ", ") + n;
+  cmd->add_option("--arch", a->arch, "architecture: " + archs)->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "head size (attention.key_length; default dim / heads)");
+  cmd->add_option("--sliding-window", a->sliding_window,
+                  "sliding window (mistral, gemma2, gemma3; gemma's default: context / 4)");
+  cmd->add_option("--rope-scaling", a->rope_scaling, "RoPE scaling: none, linear, yarn, freqs (rope_freqs.weight)")
+      ->capture_default_str();
+  cmd->add_option("--rope-factor", a->rope_factor, "RoPE scaling factor (default 4)");
+  cmd->add_option("--vocab-file", a->vocab_file,
+                  "a GGUF whose tokenizer (tokenizer.* keys) the model gets, e.g. ../shared/vocab/ggml-vocab-gpt-2.gguf");
   cmd->add_option("--dtype", a->dtype,
-                  "weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k (matrices whose rows are not whole "
-                  "blocks stay f32)")
+                  "weight type: " + std::string(kDtypes) + " (matrices whose rows are not whole blocks stay f32)")
       ->capture_default_str();
   cmd->add_option("-o,--output", a->output, "GGUF file to write")->required();
   cmd->add_option("--seed", a->seed, "weight seed (default 0)")->check(kSeed);

@@ -13,6 +13,7 @@ void add_eval_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 // The bench records the command line it was started with (for its reproduce line).
 void set_bench_command_line(int argc, char** argv);
 

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_synth_command(app);
   tessera::cli::add_serve_command(app);
   tessera::cli::add_bench_command(app);
+  tessera::cli::add_tokenize_command(app);
   tessera::cli::set_bench_command_line(argc, argv);
   // CLI11 words an unknown command as a missing one ("A subcommand is required"): name it.
   std::string known;

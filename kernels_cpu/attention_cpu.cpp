@@ -72,6 +72,16 @@ int64_t segment_keys(int64_t keys) {
   return keys <= kOneSegmentKeys ? keys : ((keys + kSegments - 1) / kSegments + 7) / 8 * 8;
 }
 
+// Gemma 2's soft cap on n scaled scores, in place: cap * tanh(s / cap); returns their new maximum.
+float soft_cap(float* s, int n, float cap) {
+  float max = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    s[i] = cap * std::tanh(s[i] / cap);
+    max = std::max(max, s[i]);
+  }
+  return max;
+}
+
 // Folds a segment's softmax state (max mb, sum lb, value sum accb) into a running one (m, l, acc).
 // Not inlined: decode and prefill fold with the same instructions (no FMA contraction in one and
 // not the other), hence the same bits.
@@ -161,7 +171,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
   // Without a group (MHA), consecutive positions two at a time (two_queries) where their keys are
   // cut into the same segments, and where a value sum cut in two gives the bits of one (column
   // chains: heads of a multiple of 8 past 16).
-  const bool position_pairs = transposed && group == 1 && !sparse && a.window == 0 && hd % 8 == 0 && hd > 16 &&
+  const bool position_pairs = transposed && group == 1 && !sparse && a.window == 0 && a.softcap == 0 && hd % 8 == 0 && hd > 16 &&
                               ops.dot_cols2 != nullptr && rows.weighted_sum2 != nullptr;
   thread_local std::vector<float> qpairs;
   if (pairs || position_pairs) qpairs.resize(size_t(std::max<int64_t>(group / 2, 1) * hd * 16));
@@ -259,7 +269,7 @@ void run_task(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
                                       ? maxes[g % 2]
                                   : transposed ? ops.dot_cols(q + g * hd, kchunks, skip + n, skip, hd, a.scale, out)
                                                : rows.dot_rows(q + g * hd, krows, n, hd, a.scale, out);
-          const float new_m = std::max(m[g], block_max);
+          const float new_m = std::max(m[g], a.softcap > 0 ? soft_cap(sb, n, a.softcap) : block_max);
           const float correction = std::exp(m[g] - new_m);  // 0 on the first block (m = -inf)
           float* ag = acc + g * hd;
           if (correction != 1.0f) {
@@ -363,6 +373,7 @@ void run_band(const AttentionArgs& a, const KvLayerView& kv, const Task& t, cons
       }
     });
     for (int64_t j = 0; j < queries; ++j) {
+      if (a.softcap > 0) block_max[j] = soft_cap(scores[j], n, a.softcap);
       const float new_m = std::max(m[j], block_max[j]);
       const float correction = std::exp(m[j] - new_m);
       float* aj = acc + j * hd;

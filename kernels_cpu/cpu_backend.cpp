@@ -125,6 +125,17 @@ class CpuBackend final : public Backend {
             int64_t rope_dim, float theta, RopeStyle style) override {
     cpu::rope(x, positions, rows, n_heads, head_dim, rope_dim, theta, style);
   }
+  void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+                  int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style) override {
+    cpu::rope_freqs(x, positions, rows, n_heads, head_dim, rope_dim, inv_freq, mscale, style);
+  }
+  void gelu_mul(const float* gate, const float* up, float* out, int64_t n) override {
+    cpu::gelu_mul(gate, up, out, n);
+  }
+  void add_rows(float* x, const float* row, int64_t rows, int64_t cols) override {
+    cpu::add_rows(x, row, rows, cols);
+  }
+  void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     cpu::silu_mul(gate, up, out, n);
   }

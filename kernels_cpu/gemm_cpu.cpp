@@ -204,6 +204,14 @@ bool gemm_supports(DType dtype) {
     case DType::Q4_0:
     case DType::Q4_K:
     case DType::Q6_K:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
     case DType::I8:
     case DType::I4: return true;
     default: return false;
@@ -226,6 +234,9 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   if (w.dtype == DType::Q8_0) return gemm_q8_0(x, m, w, y);
   if (w.dtype == DType::Q4_0) return gemm_q4_0(x, m, w, y);
   if (gemm_kquant_supports(w)) return gemm_kquant(x, m, w, y);
+  if (gemm_kquant_more_supports(w)) return gemm_kquant_more(x, m, w, y);
+  if (gemm_block32_supports(w)) return gemm_block32(x, m, w, y);
+  if (gemm_iq4_supports(w)) return gemm_iq4(x, m, w, y);
   if (m <= 0) return;
   if (w.dtype == DType::F32) {
     // Packed panels first; the rows after the last full panel are row-major (few, one thread).

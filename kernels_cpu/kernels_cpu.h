@@ -121,6 +121,15 @@ void gemm_i4(const float* x, int64_t m, const WeightView& w, float* y);
 // elsewhere gemm unpacks their rows to float.
 bool gemm_kquant_supports(const WeightView& w);
 void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y);
+// The other GGUF block formats against int8 activations, read as stored, where the CPU has AVX2 and
+// F16C (elsewhere gemm unpacks their rows to float): Q2_K, Q3_K, Q5_K (gemm_kquant_more_cpu.cpp),
+// Q4_1, Q5_0, Q5_1 (gemm_block32_cpu.cpp), IQ4_NL and IQ4_XS (gemm_iq4_cpu.cpp).
+bool gemm_kquant_more_supports(const WeightView& w);
+void gemm_kquant_more(const float* x, int64_t m, const WeightView& w, float* y);
+bool gemm_block32_supports(const WeightView& w);
+void gemm_block32(const float* x, int64_t m, const WeightView& w, float* y);
+bool gemm_iq4_supports(const WeightView& w);
+void gemm_iq4(const float* x, int64_t m, const WeightView& w, float* y);
 // Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
 void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);
@@ -165,8 +174,13 @@ bool gemm_supports(DType dtype);
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
           int64_t rope_dim, float theta, RopeStyle style);
+void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+                int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n);
 void add(const float* a, const float* b, float* out, int64_t n);
+void add_rows(float* x, const float* row, int64_t rows, int64_t cols);
+void scale(float* x, float s, int64_t n);
 void softmax(float* x, int64_t rows, int64_t cols);
 void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows);
 void attention(const AttentionArgs& args, const KvLayerView& kv);

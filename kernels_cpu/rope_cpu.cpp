@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -8,49 +9,52 @@ namespace tessera::cpu {
 
 namespace {
 
-// cos/sin of every (position, frequency) pair seen so far, for one (theta, rope_dim): the model
-// rotates q and k of every layer at the same positions, so each angle is computed once (in double,
-// as before) instead of per call. One table per calling thread; grown before the parallel loop.
+// cos/sin of every (position, frequency) pair seen so far, for one set of pair frequencies (and
+// magnitude): the model rotates q and k of every layer at the same positions, so each angle is
+// computed once (in double) instead of per call. A few tables per calling thread, so that models
+// whose layers alternate two bases (Gemma 3's local and global layers) keep both; grown before the
+// parallel loop.
 struct AngleTable {
-  float theta = 0;
-  int64_t rope_dim = 0;
+  std::vector<double> inv_freq;  // [rope_dim / 2]
+  float mscale = 1.0f;
   int64_t positions = 0;
   std::vector<float> cos, sin;  // [position][rope_dim / 2]
 
-  void cover(float t, int64_t dim, int64_t max_pos) {
-    if (t != theta || dim != rope_dim) {
-      theta = t;
-      rope_dim = dim;
-      positions = 0;
-      cos.clear();
-      sin.clear();
-    }
+  void cover(int64_t max_pos) {
     if (max_pos < positions) return;
-    const int64_t half = dim / 2;
+    const auto half = int64_t(inv_freq.size());
     const int64_t grown = std::max(max_pos + 1, 2 * positions);
     cos.resize(size_t(grown * half));
     sin.resize(size_t(grown * half));
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(t), -2.0 * double(i) / double(dim));
       for (int64_t p = positions; p < grown; ++p) {
-        const double a = double(p) * inv_freq;
-        cos[size_t(p * half + i)] = static_cast<float>(std::cos(a));
-        sin[size_t(p * half + i)] = static_cast<float>(std::sin(a));
+        const double a = double(p) * inv_freq[size_t(i)];
+        cos[size_t(p * half + i)] = static_cast<float>(std::cos(a)) * mscale;
+        sin[size_t(p * half + i)] = static_cast<float>(std::sin(a)) * mscale;
       }
     }
     positions = grown;
   }
 };
 
-}  // namespace
+AngleTable& table_for(const std::vector<double>& inv_freq, float mscale, int32_t max_pos) {
+  thread_local std::array<AngleTable, 4> tables;
+  thread_local size_t next = 0;
+  AngleTable* t = nullptr;
+  for (AngleTable& c : tables) {
+    if (c.inv_freq == inv_freq && c.mscale == mscale) t = &c;
+  }
+  if (t == nullptr) {
+    t = &tables[next++ % tables.size()];
+    *t = AngleTable{inv_freq, mscale, 0, {}, {}};
+  }
+  t->cover(max_pos);
+  return *t;
+}
 
-void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
-          int64_t rope_dim, float theta, RopeStyle style) {
-  const int64_t half = rope_dim / 2;
-  thread_local AngleTable table;
-  int32_t max_pos = 0;
-  for (int64_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
-  table.cover(theta, rope_dim, max_pos);
+void rotate(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, const AngleTable& table,
+            RopeStyle style) {
+  const auto half = int64_t(table.inv_freq.size());
   const float* cos_all = table.cos.data();
   const float* sin_all = table.sin.data();
   for_rows(rows, rows * n_heads * head_dim > kParallelWork, [&](int64_t r) {
@@ -68,6 +72,31 @@ void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int
       }
     }
   });
+}
+
+int32_t max_position(const int32_t* positions, int64_t rows) {
+  int32_t max_pos = 0;
+  for (int64_t r = 0; r < rows; ++r) max_pos = std::max(max_pos, positions[r]);
+  return max_pos;
+}
+
+}  // namespace
+
+void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+          int64_t rope_dim, float theta, RopeStyle style) {
+  thread_local std::vector<double> inv_freq;
+  inv_freq.resize(size_t(rope_dim / 2));
+  for (int64_t i = 0; i < rope_dim / 2; ++i) {
+    inv_freq[size_t(i)] = std::pow(static_cast<double>(theta), -2.0 * double(i) / double(rope_dim));
+  }
+  rotate(x, positions, rows, n_heads, head_dim, table_for(inv_freq, 1.0f, max_position(positions, rows)), style);
+}
+
+void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+                int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style) {
+  thread_local std::vector<double> freqs;
+  freqs.assign(inv_freq, inv_freq + rope_dim / 2);
+  rotate(x, positions, rows, n_heads, head_dim, table_for(freqs, mscale, max_position(positions, rows)), style);
 }
 
 }  // namespace tessera::cpu

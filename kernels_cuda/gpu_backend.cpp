@@ -293,6 +293,26 @@ class GpuBackend final : public Backend {
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     enqueue("silu_mul", [=](cudaStream_t s) { gpu::silu_mul(gate, up, out, n, s); }, gate, up, out, n);
   }
+  void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+                  int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style) override {
+    if (rope_dim > head_dim || rope_dim % 2 != 0) {
+      throw Error(kBackend + " rope_freqs: rope_dim " + std::to_string(rope_dim) +
+                  " must be even and at most head_dim " + std::to_string(head_dim));
+    }
+    const bool neox = style == RopeStyle::neox;
+    enqueue("rope_freqs", [=](cudaStream_t s) {
+      gpu::rope_freqs(x, positions, rows, n_heads, head_dim, rope_dim, inv_freq, mscale, neox, s);
+    }, x, positions, rows, n_heads, head_dim, rope_dim, inv_freq, mscale, neox);
+  }
+  void gelu_mul(const float* gate, const float* up, float* out, int64_t n) override {
+    enqueue("gelu_mul", [=](cudaStream_t s) { gpu::gelu_mul(gate, up, out, n, s); }, gate, up, out, n);
+  }
+  void add_rows(float* x, const float* row, int64_t rows, int64_t cols) override {
+    enqueue("add_rows", [=](cudaStream_t s) { gpu::add_rows(x, row, rows, cols, s); }, x, row, rows, cols);
+  }
+  void scale(float* x, float s, int64_t n) override {
+    enqueue("scale", [=](cudaStream_t st) { gpu::scale(x, s, n, st); }, x, s, n);
+  }
   void add(const float* a, const float* b, float* out, int64_t n) override {
     release_held();
     held_add_ = HeldAdd{a, b, out, n};  // launched with the next op, or fused into it if that is its norm
@@ -549,6 +569,7 @@ class GpuBackend final : public Backend {
     p.n_tokens = a.n_tokens;
     p.n_heads = a.n_heads;
     p.scale = a.scale;
+    p.softcap = a.softcap;
     p.window = a.window;
     p.seqs = reinterpret_cast<const SeqDesc*>(a.seqs);
     p.n_seqs = a.n_seqs;

@@ -71,6 +71,7 @@ struct AttnParams {
   int64_t n_tokens;
   int64_t n_heads;
   float scale;
+  float softcap;  // 0 = none; else scores become softcap * tanh(score / softcap)
   int64_t window;
   const SeqDesc* seqs;
   int64_t n_seqs;
@@ -90,6 +91,15 @@ constexpr int64_t kMaxHeadDim = 256;
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// out[i] = gelu_tanh(gate[i]) * up[i]
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// x[r][c] += row[c]
+void add_rows(float* x, const float* row, int64_t rows, int64_t cols, cudaStream_t stream);
+// x[i] *= s
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+// RoPE by per-pair inverse frequencies (device memory), cos and sin times mscale (Backend::rope_freqs).
+void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+                const float* inv_freq, float mscale, bool neox, cudaStream_t stream);
 // out[r] = x[r] / rms(x[r]) * weight; out may equal x.
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
               cudaStream_t stream);

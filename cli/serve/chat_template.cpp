@@ -15,6 +15,21 @@ int32_t find_token(const Tokenizer& tok, const std::string& text) {
   return it == tokens.end() ? -1 : static_cast<int32_t>(it - tokens.begin());
 }
 
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  return id >= 0 && id < tok.vocab_size() ? tok.vocabulary().tokens[size_t(id)] : std::string();
+}
+
+// A Jinja template's text for the conversation, as transformers renders it for generation.
+std::string render_with(const JinjaTemplate& t, const std::vector<ChatMessage>& messages, const std::string& bos,
+                        const std::string& eos) {
+  ChatTemplateInputs in;
+  for (const ChatMessage& m : messages) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  in.add_generation_prompt = true;
+  in.bos_token = bos;
+  in.eos_token = eos;
+  return render_chat_template(t, in);
+}
+
 std::string eos_text(const Tokenizer& tok) {
   return tok.eos() >= 0 ? tok.vocabulary().tokens[size_t(tok.eos())] : std::string("</s>");
 }
@@ -38,6 +53,16 @@ ChatFormat ChatTemplate::detect(const std::string& t) {
   return ChatFormat::fallback;
 }
 
+ChatTemplate ChatTemplate::from_jinja(const std::string& source) {
+  ChatTemplate t(ChatFormat::jinja);
+  t.jinja_ = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(source, "tokenizer.chat_template"));
+  t.jinja_source_ = source;
+  t.source_ = "gguf";
+  // A template that cannot render a plain user turn (an unsupported construct) is no use.
+  t.render_text({{"user", "Hello"}});
+  return t;
+}
+
 ChatTemplate ChatTemplate::choose(const std::string& setting, const std::string& gguf_template, std::string* note) {
   auto say = [&](const std::string& s) {
     if (note != nullptr) *note = s;
@@ -47,22 +72,36 @@ ChatTemplate ChatTemplate::choose(const std::string& setting, const std::string&
   if (setting == "llama2") return ChatTemplate(ChatFormat::llama2);
   if (setting == "zephyr") return ChatTemplate(ChatFormat::zephyr);
   if (setting == "default") return ChatTemplate(ChatFormat::fallback);
+  if (setting == "jinja") {
+    if (gguf_template.empty()) throw Error("chat_template is 'jinja' but the model has no tokenizer.chat_template");
+    ChatTemplate t = from_jinja(gguf_template);  // its errors stop the server: jinja was asked for
+    say("chat template: the model's tokenizer.chat_template (Jinja)");
+    return t;
+  }
   if (setting != "auto") {
-    throw Error("chat_template is '" + setting + "'; expected auto, chatml, llama2, llama3, zephyr or default");
+    throw Error("chat_template is '" + setting + "'; expected auto, jinja, chatml, llama2, llama3, zephyr or default");
   }
   if (gguf_template.empty()) {
     say("the model has no tokenizer.chat_template; chat uses the default template");
     return ChatTemplate(ChatFormat::fallback);
   }
-  const ChatFormat f = detect(gguf_template);
-  ChatTemplate t(f);
-  if (f == ChatFormat::fallback) {
-    say("the model's tokenizer.chat_template matches none of chatml, llama2, llama3, zephyr; chat uses the "
-        "default template (set server.chat_template to choose one)");
-  } else {
-    say("chat template: " + t.name() + " (recognised in the model's tokenizer.chat_template)");
+  try {
+    ChatTemplate t = from_jinja(gguf_template);
+    say("chat template: the model's tokenizer.chat_template (Jinja)");
+    return t;
+  } catch (const Error& e) {
+    ChatTemplate t(ChatFormat::fallback);
+    t.source_ = "fallback";
+    t.warning_ = std::string("the model's tokenizer.chat_template cannot be used (") + e.what() + ")";
+    say("warning: " + t.warning_ + "; chat uses the default template (set server.chat_template to choose one)");
+    return t;
   }
-  return t;
+}
+
+nlohmann::json ChatTemplate::describe() const {
+  nlohmann::json d = {{"source", source_}, {"format", name()}};
+  if (!warning_.empty()) d["warning"] = warning_;
+  return d;
 }
 
 std::string ChatTemplate::name() const {
@@ -72,6 +111,7 @@ std::string ChatTemplate::name() const {
     case ChatFormat::llama2: return "llama2";
     case ChatFormat::zephyr: return "zephyr";
     case ChatFormat::fallback: return "default";
+    case ChatFormat::jinja: return "jinja";
   }
   return "?";
 }
@@ -149,6 +189,7 @@ std::vector<ChatSegment> ChatTemplate::render(const std::vector<ChatMessage>& me
       for (const auto& m : messages) text("<|" + m.role + "|>\n" + m.content + "\n");
       text("<|assistant|>\n");
       break;
+    case ChatFormat::jinja: text(render_with(*jinja_, messages, "<s>", "</s>")); break;
   }
   return out;
 }
@@ -159,8 +200,22 @@ std::string ChatTemplate::render_text(const std::vector<ChatMessage>& messages) 
   return s;
 }
 
+std::string ChatTemplate::render_jinja(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const {
+  if (!jinja_) throw Error("chat template '" + name() + "' is not a Jinja template");
+  return render_with(*jinja_, messages, token_text(tok, tok.bos()), token_text(tok, tok.eos()));
+}
+
 std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const {
   std::vector<int32_t> ids;
+  if (format_ == ChatFormat::jinja) {
+    const std::string text = render_jinja(tok, messages);
+    const std::string bos = token_text(tok, tok.bos());
+    // Templates usually print bos_token themselves; BOS is added only when the text lacks it.
+    if (tok.vocabulary().add_bos && tok.bos() >= 0 && (bos.empty() || text.rfind(bos, 0) != 0)) ids.push_back(tok.bos());
+    const std::vector<int32_t> t = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+    ids.insert(ids.end(), t.begin(), t.end());
+    return ids;
+  }
   if (tok.vocabulary().add_bos && tok.bos() >= 0) ids.push_back(tok.bos());
   std::string pending;  // text, including markers the vocabulary lacks, encoded in one piece
   auto flush = [&] {
@@ -185,7 +240,26 @@ std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vecto
   return ids;
 }
 
+std::vector<std::string> ChatTemplate::jinja_turn_ends() const {
+  static const char* const kTurnEnds[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+                                          "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>",
+                                          "<|endoftext|>", "<|end_of_text|>"};
+  std::vector<std::string> out;
+  for (const char* m : kTurnEnds) {
+    if (jinja_source_.find(m) != std::string::npos) out.emplace_back(m);
+  }
+  return out;
+}
+
 std::vector<int32_t> ChatTemplate::stop_tokens(const Tokenizer& tok) const {
+  if (format_ == ChatFormat::jinja) {
+    std::vector<int32_t> ids;
+    for (const std::string& m : jinja_turn_ends()) {
+      const int32_t id = find_token(tok, m);
+      if (id >= 0 && id != tok.eos()) ids.push_back(id);  // EOS ends every turn already
+    }
+    return ids;
+  }
   const std::string end = turn_end(format_);
   if (end.empty()) return {};
   const int32_t id = find_token(tok, end);
@@ -194,6 +268,13 @@ std::vector<int32_t> ChatTemplate::stop_tokens(const Tokenizer& tok) const {
 }
 
 std::vector<std::string> ChatTemplate::stop_strings(const Tokenizer& tok) const {
+  if (format_ == ChatFormat::jinja) {
+    std::vector<std::string> out;
+    for (const std::string& m : jinja_turn_ends()) {
+      if (find_token(tok, m) < 0) out.push_back(m);
+    }
+    return out;
+  }
   const std::string end = turn_end(format_);
   if (!end.empty()) {
     if (find_token(tok, end) >= 0) return {};  // the token ends the turn

@@ -278,7 +278,8 @@ void HttpServer::routes() {
 
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
-                        {"owned_by", "tessera"}, {"max_model_len", pipeline_.max_sequence_tokens()}};
+                        {"owned_by", "tessera"}, {"max_model_len", pipeline_.max_sequence_tokens()},
+                        {"chat_template", chat_.describe()}};
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
   });
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
@@ -289,7 +290,7 @@ void HttpServer::routes() {
       return;
     }
     send_json(res, 200, {{"id", id}, {"object", "model"}, {"created", started_}, {"owned_by", "tessera"},
-                         {"max_model_len", pipeline_.max_sequence_tokens()}});
+                         {"max_model_len", pipeline_.max_sequence_tokens()}, {"chat_template", chat_.describe()}});
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const std::string failure = engine_.failure();

@@ -47,6 +47,10 @@ std::string_view op_name(Op op) {
     case Op::attention: return "attention";
     case Op::argmax: return "argmax";
     case Op::sparse_attention: return "sparse_attention";
+    case Op::gelu_mul: return "gelu_mul";
+    case Op::add_rows: return "add_rows";
+    case Op::scale: return "scale";
+    case Op::rope_freqs: return "rope_freqs";
   }
   return "?";
 }

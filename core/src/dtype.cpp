@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "gguf/block_formats.h"
 #include "tessera/error.h"
 
 namespace tessera {
@@ -20,6 +21,14 @@ std::string_view dtype_name(DType t) {
     case DType::Q4_0: return "q4_0";
     case DType::Q4_K: return "q4_k";
     case DType::Q6_K: return "q6_k";
+    case DType::Q4_1: return "q4_1";
+    case DType::Q5_0: return "q5_0";
+    case DType::Q5_1: return "q5_1";
+    case DType::Q2_K: return "q2_k";
+    case DType::Q3_K: return "q3_k";
+    case DType::Q5_K: return "q5_k";
+    case DType::IQ4_NL: return "iq4_nl";
+    case DType::IQ4_XS: return "iq4_xs";
   }
   return "?";
 }
@@ -28,9 +37,17 @@ int64_t dtype_block_elems(DType t) {
   switch (t) {
     case DType::I4: return 2;
     case DType::Q8_0:
-    case DType::Q4_0: return 32;
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::IQ4_NL: return 32;
     case DType::Q4_K:
-    case DType::Q6_K: return 256;
+    case DType::Q6_K:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS: return 256;
     default: return 1;
   }
 }
@@ -47,6 +64,14 @@ size_t dtype_block_bytes(DType t) {
     case DType::Q4_0: return 2 + 16;
     case DType::Q4_K: return 2 + 2 + 12 + 128;
     case DType::Q6_K: return 128 + 64 + 16 + 2;
+    case DType::Q4_1: return 2 + 2 + 16;
+    case DType::Q5_0: return 2 + 4 + 16;
+    case DType::Q5_1: return 2 + 2 + 4 + 16;
+    case DType::Q2_K: return 16 + 64 + 2 + 2;
+    case DType::Q3_K: return 32 + 64 + 12 + 2;
+    case DType::Q5_K: return 2 + 2 + 12 + 32 + 128;
+    case DType::IQ4_NL: return 2 + 16;
+    case DType::IQ4_XS: return 2 + 2 + 4 + 128;
   }
   return 0;
 }
@@ -164,6 +189,14 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_0: dequantize_q4_0(s, dst, n); return;
     case DType::Q4_K:
     case DType::Q6_K: dequantize_kquant_row(t, s, dst, n); return;
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::IQ4_NL: gguf_blocks::dequantize_block32_row(t, s, dst, n); return;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS: gguf_blocks::dequantize_superblock_row(t, s, dst, n); return;
     default: break;
   }
   throw Error("cannot convert " + std::string(dtype_name(t)) + " to f32");
@@ -205,6 +238,21 @@ int64_t first_non_finite_row(DType t, const void* data, int64_t rows, int64_t co
               any_exponent_all_ones<uint16_t>(row + 2, blocks, dtype_block_bytes(t), 0x7c00);
         break;
       case DType::Q6_K: bad = any_exponent_all_ones<uint16_t>(row + 208, blocks, dtype_block_bytes(t), 0x7c00); break;
+      // One fp16 scale first, or a scale and a min (dmin) after it.
+      case DType::Q5_0:
+      case DType::IQ4_NL:
+      case DType::IQ4_XS: bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00); break;
+      case DType::Q4_1:
+      case DType::Q5_1:
+      case DType::Q5_K:
+        bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00) ||
+              any_exponent_all_ones<uint16_t>(row + 2, blocks, dtype_block_bytes(t), 0x7c00);
+        break;
+      case DType::Q2_K:  // d, dmin at the end
+        bad = any_exponent_all_ones<uint16_t>(row + 80, blocks, dtype_block_bytes(t), 0x7c00) ||
+              any_exponent_all_ones<uint16_t>(row + 82, blocks, dtype_block_bytes(t), 0x7c00);
+        break;
+      case DType::Q3_K: bad = any_exponent_all_ones<uint16_t>(row + 108, blocks, dtype_block_bytes(t), 0x7c00); break;
       default: break;  // integers are finite
     }
     if (bad) return r;

@@ -65,9 +65,17 @@ std::optional<DType> dtype_from_ggml(uint32_t id) {
     case 0: return DType::F32;
     case 1: return DType::F16;
     case 2: return DType::Q4_0;
+    case 3: return DType::Q4_1;
+    case 6: return DType::Q5_0;
+    case 7: return DType::Q5_1;
     case 8: return DType::Q8_0;
+    case 10: return DType::Q2_K;
+    case 11: return DType::Q3_K;
     case 12: return DType::Q4_K;
+    case 13: return DType::Q5_K;
     case 14: return DType::Q6_K;
+    case 20: return DType::IQ4_NL;
+    case 23: return DType::IQ4_XS;
     case 24: return DType::I8;
     case 26: return DType::I32;
     case 30: return DType::BF16;
@@ -469,7 +477,8 @@ void GgufFile::parse() {
       const std::string_view nm = ggml_type_name(type_id);
       r.fail(type_at, field,
              "ggml type " + std::to_string(type_id) + (nm.empty() ? "" : " (" + std::string(nm) + ")") +
-                 " is not supported (supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K, I8, I32)");
+                 " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, "
+                 "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, I8, I32)");
     }
     t.dtype = *dt;
     const int64_t block = dtype_block_elems(t.dtype);

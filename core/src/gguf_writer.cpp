@@ -103,6 +103,14 @@ uint32_t GgufWriter::ggml_type_id(DType t) {
     case DType::Q8_0: return 8;
     case DType::Q4_K: return 12;
     case DType::Q6_K: return 14;
+    case DType::Q4_1: return 3;
+    case DType::Q5_0: return 6;
+    case DType::Q5_1: return 7;
+    case DType::Q2_K: return 10;
+    case DType::Q3_K: return 11;
+    case DType::Q5_K: return 13;
+    case DType::IQ4_NL: return 20;
+    case DType::IQ4_XS: return 23;
     case DType::I8: return 24;
     case DType::I32: return 26;
     case DType::BF16: return 30;

@@ -156,7 +156,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
                 " tokens but token_embd.weight has " + std::to_string(mc.vocab) + " rows");
   }
 
-  AttentionShape shape{mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.sliding_window};
+  AttentionShape shape = attention_shape(mc);
   p->attention_->configure(shape);
   CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, spec.kv_dtype};
 

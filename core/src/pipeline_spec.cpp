@@ -306,8 +306,9 @@ const std::vector<ParamSpec>& server_params() {
        "connections served at once (a request holds one until answered): at least max_queue + 8", {}},
       {"model_name", ParamType::string, "", "model id in /v1/models and responses (default: the file's stem)", {}},
       {"chat_template", ParamType::string, "auto",
-       "auto (from the GGUF's tokenizer.chat_template), chatml, llama2, llama3, zephyr or default",
-       {"auto", "chatml", "llama2", "llama3", "zephyr", "default"}},
+       "auto (the GGUF's tokenizer.chat_template rendered as Jinja, else the default), jinja (that template or "
+       "refuse to start), chatml, llama2, llama3, zephyr or default",
+       {"auto", "jinja", "chatml", "llama2", "llama3", "zephyr", "default"}},
       {"default_max_tokens", ParamType::integer, 256, "max_tokens when a request gives none", {}},
   };
   return specs;

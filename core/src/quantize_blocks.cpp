@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "gguf/block_formats.h"
 #include "tessera/error.h"
 
 namespace tessera {
@@ -169,7 +170,15 @@ bool quantize_supported(DType t) {
     case DType::Q8_0:
     case DType::Q4_0:
     case DType::Q4_K:
-    case DType::Q6_K: return true;
+    case DType::Q6_K:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS: return true;
     default: return false;
   }
 }
@@ -177,7 +186,8 @@ bool quantize_supported(DType t) {
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   if (!quantize_supported(t)) {
     throw Error("cannot quantize f32 to " + std::string(dtype_name(t)) +
-                " (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+                " (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, "
+                "iq4_xs)");
   }
   dtype_row_bytes(t, n);  // validates n against the block size
   auto* out = static_cast<uint8_t*>(dst);
@@ -193,6 +203,14 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_0: quantize_q4_0(src, out, n); return;
     case DType::Q4_K: quantize_q4_k(src, out, n); return;
     case DType::Q6_K: quantize_q6_k(src, out, n); return;
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1: gguf_blocks::quantize_legacy_row(t, src, out, n); return;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q5_K: gguf_blocks::quantize_kquant_more_row(t, src, out, n); return;
+    case DType::IQ4_NL:
+    case DType::IQ4_XS: gguf_blocks::quantize_iq4_row(t, src, out, n); return;
     default: return;
   }
 }

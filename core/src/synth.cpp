@@ -1,4 +1,4 @@
-// Synthetic llama models: preset shapes, a deterministic SentencePiece-style vocabulary and
+// Synthetic models of every supported architecture: preset shapes, a deterministic SentencePiece-style vocabulary and
 // seeded Gaussian weights, streamed through GgufWriter one tensor at a time.
 #include "tessera/synth.h"
 
@@ -8,9 +8,12 @@
 #include <cstring>
 #include <filesystem>
 #include <queue>
+#include <type_traits>
 #include <unordered_set>
+#include <variant>
 
 #include "tessera/error.h"
+#include "tessera/gguf.h"
 #include "tessera/gguf_writer.h"
 #include "tessera/quantize_blocks.h"
 
@@ -22,6 +25,58 @@ constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's 
 constexpr int64_t kMinVocab = 260;                 // 3 specials + 256 bytes + "▁"
 constexpr int64_t kMaxDim = int64_t(1) << 24;      // what read_model_config accepts
 constexpr int64_t kMaxLayers = 4096;                // 8x llama.cpp's LLAMA_MAX_LAYERS; 9 tensors each
+
+// One metadata value as the source file stored it.
+void copy_value(GgufWriter& w, const std::string& key, const GgufValue& v) {
+  auto num = [&](auto get) { return std::visit([&](auto x) { return get(x); }, v.scalar); };
+  switch (v.type) {
+    case GgufType::STRING: w.add_string(key, std::get<std::string>(v.scalar)); return;
+    case GgufType::BOOL: w.add_bool(key, std::get<bool>(v.scalar)); return;
+    case GgufType::FLOAT32: w.add_float32(key, static_cast<float>(std::get<double>(v.scalar))); return;
+    case GgufType::FLOAT64: w.add_float64(key, std::get<double>(v.scalar)); return;
+    case GgufType::ARRAY: break;
+    default: {  // integers: as a signed or unsigned 64-bit value of the same width class
+      const auto as_i64 = num([](auto x) -> int64_t {
+        if constexpr (std::is_arithmetic_v<decltype(x)>) return static_cast<int64_t>(x);
+        return 0;
+      });
+      switch (v.type) {
+        case GgufType::UINT8: w.add_uint8(key, uint8_t(as_i64)); return;
+        case GgufType::INT8: w.add_int8(key, int8_t(as_i64)); return;
+        case GgufType::UINT16: w.add_uint16(key, uint16_t(as_i64)); return;
+        case GgufType::INT16: w.add_int16(key, int16_t(as_i64)); return;
+        case GgufType::UINT32: w.add_uint32(key, uint32_t(as_i64)); return;
+        case GgufType::INT32: w.add_int32(key, int32_t(as_i64)); return;
+        case GgufType::UINT64: w.add_uint64(key, uint64_t(as_i64)); return;
+        default: w.add_int64(key, as_i64); return;
+      }
+    }
+  }
+  switch (v.elem_type) {
+    case GgufType::STRING: w.add_string_array(key, v.strings); return;
+    case GgufType::FLOAT32: {
+      const std::vector<float> f(v.floats.begin(), v.floats.end());
+      w.add_float32_array(key, f);
+      return;
+    }
+    case GgufType::FLOAT64: w.add_float64_array(key, v.floats); return;
+    case GgufType::INT32: {
+      const std::vector<int32_t> i(v.ints.begin(), v.ints.end());
+      w.add_int32_array(key, i);
+      return;
+    }
+    case GgufType::UINT32: {
+      const std::vector<uint32_t> i(v.ints.begin(), v.ints.end());
+      w.add_uint32_array(key, i);
+      return;
+    }
+    case GgufType::INT64: w.add_int64_array(key, v.ints); return;
+    default: throw Error("synth: cannot copy '" + key + "': arrays of " + std::string(gguf_type_name(v.elem_type)));
+  }
+}
+
+int64_t synth_head_dim(const SynthSpec& s) { return s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads; }
+bool synth_tied(const SynthSpec& s) { return s.tied_output || s.arch.rfind("gemma", 0) == 0; }
 
 struct Preset {
   const char* name;
@@ -205,6 +260,14 @@ uint32_t file_type(DType t) {
     case DType::Q4_K: return 14;
     case DType::Q6_K: return 18;
     case DType::BF16: return 32;
+    case DType::Q4_1: return 3;  // and the other block formats' MOSTLY_ types (k-quants: their _S)
+    case DType::Q5_0: return 8;
+    case DType::Q5_1: return 9;
+    case DType::Q2_K: return 10;
+    case DType::Q3_K: return 11;
+    case DType::Q5_K: return 16;
+    case DType::IQ4_NL: return 25;
+    case DType::IQ4_XS: return 30;
     default: return 0;
   }
 }
@@ -255,16 +318,29 @@ void validate_synth_spec(const SynthSpec& s) {
   range("kv_heads", s.n_kv_heads, 1);
   range("vocab", s.vocab, kMinVocab);
   range("context_length", s.context_length, 1);
-  if (s.dim % s.n_heads != 0) {
+  const auto& archs = synth_architectures();
+  if (std::find(archs.begin(), archs.end(), s.arch) == archs.end()) {
+    std::string names;
+    for (const auto& a : archs) names += (names.empty() ? "" : ", ") + a;
+    throw Error("synth: arch '" + s.arch + "' is not one it writes (" + names + ")");
+  }
+  if (s.rope_scaling != "none" && s.rope_scaling != "linear" && s.rope_scaling != "yarn" && s.rope_scaling != "freqs") {
+    throw Error("synth: rope_scaling '" + s.rope_scaling + "' is not none, linear, yarn or freqs");
+  }
+  if (!(s.rope_factor >= 1) || !std::isfinite(s.rope_factor)) {
+    throw Error("synth: rope_factor = " + std::to_string(s.rope_factor) + " must be a finite number >= 1");
+  }
+  range("head_dim", s.head_dim, 0);
+  range("sliding_window", s.sliding_window, 0);
+  if (s.head_dim == 0 && s.dim % s.n_heads != 0) {
     throw Error("synth: heads = " + std::to_string(s.n_heads) + " does not divide dim = " + std::to_string(s.dim));
   }
   if (s.n_heads % s.n_kv_heads != 0) {
     throw Error("synth: kv_heads = " + std::to_string(s.n_kv_heads) + " does not divide heads = " +
                 std::to_string(s.n_heads));
   }
-  if ((s.dim / s.n_heads) % 2 != 0) {
-    throw Error("synth: the head size dim/heads = " + std::to_string(s.dim / s.n_heads) +
-                " must be even for RoPE");
+  if (synth_head_dim(s) % 2 != 0) {
+    throw Error("synth: the head size " + std::to_string(synth_head_dim(s)) + " must be even for RoPE");
   }
   // Stored as float32 (as llama.cpp reads them): the value must stay positive and finite there.
   auto positive_float = [](const char* field, double v) {
@@ -280,15 +356,24 @@ void validate_synth_spec(const SynthSpec& s) {
   positive_float("rms_eps", s.rms_eps);
   if (file_type(s.dtype) == 0 && s.dtype != DType::F32) {
     throw Error("synth: dtype " + std::string(dtype_name(s.dtype)) +
-                " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+                " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
+                "q5_k, q6_k, iq4_nl, iq4_xs)");
+  }
+  if (!s.recipe.empty() && synth_recipe_base(s.recipe) != s.dtype) {
+    throw Error("synth: recipe " + s.recipe + " needs dtype " + std::string(dtype_name(synth_recipe_base(s.recipe))));
   }
 }
 
 double synth_parameter_count(const SynthSpec& s) {
   // In double: the fields' ranges allow shapes whose count overflows int64 (refused by check_space).
-  const double dim = double(s.dim), kv_dim = double(s.dim / s.n_heads * s.n_kv_heads);
-  const double per_layer = 2 * dim + 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * double(s.ffn_dim);
-  return dim * double(s.vocab) * (s.tied_output ? 1 : 2) + double(s.n_layers) * per_layer + dim;
+  const double dim = double(s.dim), hd = double(synth_head_dim(s));
+  const double q_dim = hd * double(s.n_heads), kv_dim = hd * double(s.n_kv_heads);
+  const double per_layer = 4 * dim + 2 * dim * q_dim + 2 * dim * kv_dim + 3 * dim * double(s.ffn_dim);
+  return dim * double(s.vocab) * (synth_tied(s) ? 1 : 2) + double(s.n_layers) * per_layer + dim;
+}
+
+std::vector<std::string> synth_architectures() {
+  return {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"};
 }
 
 Vocabulary synth_vocabulary(int64_t size) {
@@ -319,46 +404,82 @@ void check_space(const SynthSpec& s, const std::string& path) {
 
 }  // namespace
 
-void write_synthetic_model(const SynthSpec& s, const std::string& path) {
+void write_synthetic_model(const SynthSpec& spec, const std::string& path) {
+  // A real vocabulary's keys, copied as stored; its size decides the embedding rows.
+  SynthSpec s = spec;
+  std::shared_ptr<const GgufFile> vocab_file;
+  if (!s.vocab_file.empty()) {
+    vocab_file = GgufFile::open(s.vocab_file);
+    s.vocab = int64_t(load_vocabulary(*vocab_file).tokens.size());
+  }
   validate_synth_spec(s);
   check_space(s, path);
-  const Vocabulary vocab = synth_vocabulary(s.vocab);
-  const int64_t head_dim = s.dim / s.n_heads;
-  const int64_t kv_dim = head_dim * s.n_kv_heads;
+  const Vocabulary vocab = vocab_file != nullptr ? Vocabulary{} : synth_vocabulary(s.vocab);
+  const int64_t head_dim = synth_head_dim(s);
+  const int64_t q_dim = head_dim * s.n_heads, kv_dim = head_dim * s.n_kv_heads;
+  const std::string a = s.arch + ".";
 
   GgufWriter w;
-  w.add_string("general.architecture", "llama");
+  w.add_string("general.architecture", s.arch);
   w.add_string("general.name", "tessera-synth-" + (s.preset.empty() ? std::string("custom") : s.preset));
-  w.add_uint32("general.file_type", file_type(s.dtype));
+  w.add_uint32("general.file_type", s.recipe.empty() ? file_type(s.dtype) : synth_recipe_file_type(s.recipe));
   w.add_uint32("general.quantization_version", 2);
   w.set_alignment(32);
-  w.add_uint32("llama.vocab_size", static_cast<uint32_t>(s.vocab));
-  w.add_uint32("llama.context_length", static_cast<uint32_t>(s.context_length));
-  w.add_uint32("llama.embedding_length", static_cast<uint32_t>(s.dim));
-  w.add_uint32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
-  w.add_uint32("llama.block_count", static_cast<uint32_t>(s.n_layers));
-  w.add_uint32("llama.attention.head_count", static_cast<uint32_t>(s.n_heads));
-  w.add_uint32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
-  w.add_uint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.add_float32("llama.rope.freq_base", static_cast<float>(s.rope_theta));
-  w.add_float32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(s.rms_eps));
-  w.add_string("tokenizer.ggml.model", vocab.model);
-  w.add_string_array("tokenizer.ggml.tokens", vocab.tokens);
-  w.add_float32_array("tokenizer.ggml.scores", vocab.scores);
-  w.add_int32_array("tokenizer.ggml.token_type", vocab.types);
-  w.add_uint32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(vocab.unk));
-  w.add_uint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.bos));
-  w.add_uint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
-  w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos);
-  w.add_bool("tokenizer.ggml.add_eos_token", false);
-  w.add_bool("tokenizer.ggml.add_space_prefix", vocab.add_space_prefix);
+  w.add_uint32(a + "vocab_size", static_cast<uint32_t>(s.vocab));
+  w.add_uint32(a + "context_length", static_cast<uint32_t>(s.context_length));
+  w.add_uint32(a + "embedding_length", static_cast<uint32_t>(s.dim));
+  w.add_uint32(a + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.add_uint32(a + "block_count", static_cast<uint32_t>(s.n_layers));
+  w.add_uint32(a + "attention.head_count", static_cast<uint32_t>(s.n_heads));
+  w.add_uint32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+  if (s.head_dim > 0) {
+    w.add_uint32(a + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.add_uint32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  w.add_uint32(a + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.add_float32(a + "rope.freq_base", static_cast<float>(s.rope_theta));
+  w.add_float32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(s.rms_eps));
+  if (s.rope_scaling == "linear" || s.rope_scaling == "yarn") {
+    w.add_string(a + "rope.scaling.type", s.rope_scaling);
+    w.add_float32(a + "rope.scaling.factor", static_cast<float>(s.rope_factor));
+    w.add_uint32(a + "rope.scaling.original_context_length",
+                 static_cast<uint32_t>(std::max<double>(1, double(s.context_length) / s.rope_factor)));
+  }
+  const bool windowed = s.arch == "mistral" || s.arch == "gemma2" || s.arch == "gemma3";
+  if (windowed && (s.sliding_window > 0 || s.arch != "mistral")) {
+    w.add_uint32(a + "attention.sliding_window",
+                 static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : std::max<int64_t>(1, s.context_length / 4)));
+  }
+  if (s.arch == "gemma2") {
+    w.add_float32(a + "attn_logit_softcapping", 50.0f);
+    w.add_float32(a + "final_logit_softcapping", 30.0f);
+  }
+  if (vocab_file != nullptr) {
+    for (const auto& [key, value] : vocab_file->metadata()) {
+      if (key.rfind("tokenizer.", 0) == 0) copy_value(w, key, value);
+    }
+  } else {
+    w.add_string("tokenizer.ggml.model", vocab.model);
+    w.add_string_array("tokenizer.ggml.tokens", vocab.tokens);
+    w.add_float32_array("tokenizer.ggml.scores", vocab.scores);
+    w.add_int32_array("tokenizer.ggml.token_type", vocab.types);
+    w.add_uint32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(vocab.unk));
+    w.add_uint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.bos));
+    w.add_uint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
+    w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
+    w.add_bool("tokenizer.ggml.add_space_prefix", vocab.add_space_prefix);
+  }
 
   // Scales keep activations O(1) (RMSNorm sees unit rows, linears with std 1/sqrt(fan_in) preserve
   // variance, norms are 1) and logits near unit spread. Embeddings have std 1; a tied head reads
   // them as its weights, so there they take 1/sqrt(dim): larger, and each token's own embedding
   // dominates its logits and greedy decoding repeats one token forever.
+  // Gemma's embeddings are scaled by sqrt(dim) on the way in: stored at 1/sqrt(dim), they arrive
+  // at unit spread.
   const uint64_t seed = s.seed;
-  const float embed_std = s.tied_output ? 1.0f / std::sqrt(static_cast<float>(s.dim)) : 1.0f;
+  const bool tied = synth_tied(s);
+  const float embed_std = tied ? 1.0f / std::sqrt(static_cast<float>(s.dim)) : 1.0f;
   auto matrix = [&](const std::string& name, int64_t in, int64_t out, float std_dev, DType want) {
     const DType dt = matrix_dtype(want, in);
     w.add_tensor(name, {in, out}, dt, [=](uint8_t* dst, size_t) {
@@ -366,30 +487,65 @@ void write_synthetic_model(const SynthSpec& s, const std::string& path) {
     });
   };
   auto linear = [&](const std::string& name, int64_t in, int64_t out) {
-    matrix(name, in, out, 1.0f / std::sqrt(static_cast<float>(in)), s.dtype);
+    matrix(name, in, out, 1.0f / std::sqrt(static_cast<float>(in)), synth_tensor_dtype(s, name));
   };
-  auto norm = [&](const std::string& name) {
-    std::vector<uint8_t> ones(static_cast<size_t>(s.dim) * 4);
-    const float one = 1.0f;
-    for (int64_t i = 0; i < s.dim; ++i) std::memcpy(ones.data() + i * 4, &one, 4);
-    w.add_tensor(name, {s.dim}, DType::F32, std::move(ones));
+  // A vector: `mean` + Gaussian noise of `spread` (llama keeps its norms at exactly 1, as before).
+  auto vec = [&](const std::string& name, int64_t n, float mean, float spread) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(n) * 4);
+    if (spread > 0) fill_gaussian(bytes.data(), 1, n, DType::F32, tensor_key(seed, name), spread);
+    for (int64_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, bytes.data() + i * 4, 4);
+      v = (spread > 0 ? v : 0.0f) + mean;
+      std::memcpy(bytes.data() + i * 4, &v, 4);
+    }
+    w.add_tensor(name, {n}, DType::F32, std::move(bytes));
   };
+  const float norm_spread = s.arch == "llama" || s.arch == "mistral" ? 0.0f : 0.1f;
+  auto norm = [&](const std::string& name, int64_t n) { vec(name, n, 1.0f, norm_spread); };
 
   matrix("token_embd.weight", s.dim, s.vocab, embed_std, s.dtype);
+  if (s.rope_scaling == "freqs") {  // Llama 3's shape of factors: 1 for high frequencies rising to rope_factor
+    std::vector<uint8_t> bytes(static_cast<size_t>(head_dim / 2) * 4);
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const float f = 1.0f + float(s.rope_factor - 1) * float(i) / float(std::max<int64_t>(1, head_dim / 2 - 1));
+      std::memcpy(bytes.data() + i * 4, &f, 4);
+    }
+    w.add_tensor("rope_freqs.weight", {head_dim / 2}, DType::F32, std::move(bytes));
+  }
   for (int64_t i = 0; i < s.n_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
-    norm(p + "attn_norm.weight");
-    linear(p + "attn_q.weight", s.dim, s.dim);
-    linear(p + "attn_k.weight", s.dim, kv_dim);
-    linear(p + "attn_v.weight", s.dim, kv_dim);
-    linear(p + "attn_output.weight", s.dim, s.dim);
-    norm(p + "ffn_norm.weight");
-    linear(p + "ffn_gate.weight", s.dim, s.ffn_dim);
-    linear(p + "ffn_up.weight", s.dim, s.ffn_dim);
+    norm(p + "attn_norm.weight", s.dim);
+    if (s.arch == "phi3") {
+      linear(p + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim);
+    } else {
+      linear(p + "attn_q.weight", s.dim, q_dim);
+      linear(p + "attn_k.weight", s.dim, kv_dim);
+      linear(p + "attn_v.weight", s.dim, kv_dim);
+    }
+    if (s.arch == "qwen2") {
+      vec(p + "attn_q.bias", q_dim, 0.0f, 0.5f);
+      vec(p + "attn_k.bias", kv_dim, 0.0f, 0.5f);
+      vec(p + "attn_v.bias", kv_dim, 0.0f, 0.5f);
+    }
+    if (s.arch == "qwen3" || s.arch == "gemma3") {
+      norm(p + "attn_q_norm.weight", head_dim);
+      norm(p + "attn_k_norm.weight", head_dim);
+    }
+    linear(p + "attn_output.weight", q_dim, s.dim);
+    if (s.arch == "gemma2" || s.arch == "gemma3") norm(p + "post_attention_norm.weight", s.dim);
+    norm(p + "ffn_norm.weight", s.dim);
+    if (s.arch == "phi3") {
+      linear(p + "ffn_up.weight", s.dim, 2 * s.ffn_dim);
+    } else {
+      linear(p + "ffn_gate.weight", s.dim, s.ffn_dim);
+      linear(p + "ffn_up.weight", s.dim, s.ffn_dim);
+    }
     linear(p + "ffn_down.weight", s.ffn_dim, s.dim);
+    if (s.arch == "gemma2" || s.arch == "gemma3") norm(p + "post_ffw_norm.weight", s.dim);
   }
-  norm("output_norm.weight");
-  if (!s.tied_output) linear("output.weight", s.dim, s.vocab);
+  norm("output_norm.weight", s.dim);
+  if (!tied) linear("output.weight", s.dim, s.vocab);
   w.write(path);
 }
 

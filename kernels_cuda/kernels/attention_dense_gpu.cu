@@ -149,6 +149,7 @@ __device__ void attend_tile(const AttnParams& a, const KvPools& kv, int tile, in
         const int32_t key = int32_t(c0) + j;
         const bool allowed = j < n_c && key <= pos[q] && key >= lo[q];
         sc[q][p] = allowed ? sc[q][p] * scale : -INFINITY;
+        if (allowed && a.softcap > 0) sc[q][p] = a.softcap * tanhf(sc[q][p] / a.softcap);  // Gemma 2's soft cap
         mx = fmaxf(mx, sc[q][p]);
       }
       // The 16 threads of a row are 16 consecutive lanes of one warp.

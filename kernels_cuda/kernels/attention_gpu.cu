@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a, KvPoo
           float dot = 0.0f;
           for (int64_t d = 0; d < hd; ++d) dot += qr[d] * kr[d];
           sc[t] = dot * scale;
+          if (a.softcap > 0) sc[t] = a.softcap * tanhf(sc[t] / a.softcap);  // Gemma 2's soft cap
         }
         cmax = fmaxf(cmax, sc[t]);
       }

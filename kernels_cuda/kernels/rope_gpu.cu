@@ -54,7 +54,36 @@ __global__ void rope_kernel(float* x, int64_t n_heads, float* x2, int64_t n_head
   }
 }
 
+// rope_freqs: pair i of each head turns by position * inv_freq[i] (in double, as the CPU reference),
+// cos and sin times mscale. One block per row.
+__global__ void rope_freqs_kernel(float* x, const int32_t* __restrict__ positions, int64_t rows, int64_t n_heads,
+                                  int64_t head_dim, int64_t rope_dim, const float* __restrict__ inv_freq, float mscale,
+                                  bool neox) {
+  const int64_t half = rope_dim / 2;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const double pos = double(positions[r]);
+    for (int64_t e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
+      const int64_t h = e / half, i = e % half;
+      const double a = pos * double(inv_freq[i]);
+      const float c = float(cos(a)) * mscale, s = float(sin(a)) * mscale;
+      float* v = x + (r * n_heads + h) * head_dim;
+      const int64_t i0 = neox ? i : 2 * i;
+      const int64_t i1 = neox ? i + half : 2 * i + 1;
+      const float a0 = v[i0], b0 = v[i1];
+      v[i0] = a0 * c - b0 * s;
+      v[i1] = a0 * s + b0 * c;
+    }
+  }
+}
+
 }  // namespace
+
+void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim, int64_t rope_dim,
+                const float* inv_freq, float mscale, bool neox, cudaStream_t stream) {
+  if (rows <= 0 || n_heads <= 0 || rope_dim < 2) return;
+  rope_freqs_kernel<<<capped_grid(rows), kBlock, 0, stream>>>(x, positions, rows, n_heads, head_dim, rope_dim, inv_freq,
+                                                              mscale, neox);
+}
 
 void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float theta, cudaStream_t stream) {
   if (positions <= 0 || rope_dim < 2) return;

@@ -5,6 +5,9 @@ cmake_path(NORMAL_PATH TESSERA_GPU_DIR)
 set(TESSERA_GPU_KERNEL_SOURCES
   ${TESSERA_GPU_DIR}/kernels/add_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/silu_mul_gpu.cu
+  ${TESSERA_GPU_DIR}/kernels/gelu_mul_gpu.cu
+  ${TESSERA_GPU_DIR}/kernels/add_rows_gpu.cu
+  ${TESSERA_GPU_DIR}/kernels/scale_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/rms_norm_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/rope_gpu.cu
   ${TESSERA_GPU_DIR}/kernels/softmax_gpu.cu

@@ -204,7 +204,7 @@ class DraftModelProposer final : public ModelProposer {
     }
     const ComponentSpec& a = host.spec.components.at(ComponentKind::attention);
     attention_ = host.registry.create<Attention>(a.plugin, a.params, where + " attention " + a.plugin);
-    attention_->configure(AttentionShape{c.n_heads, c.n_kv_heads, c.head_dim, c.sliding_window});
+    attention_->configure(attention_shape(c));
     cache_ = host.registry.create<Cache>("paged", nlohmann::json{{"memory", memory_}}, where + " cache paged");
     // The draft's cache in the pipeline's KV type, as the target's (the backend checked it).
     cache_->configure(host.backend,

@@ -82,8 +82,8 @@ TEST(ServerSection, BadKeysAndValuesNameTheFileLineAndKey) {
   EXPECT_NE(empty_key.find("p.yaml:2"), std::string::npos) << empty_key;
   EXPECT_NE(empty_key.find("'api_key' is empty"), std::string::npos) << empty_key;
 
-  const std::string choice = load_error(dir, "server:\n  chat_template: jinja\n");
-  EXPECT_NE(choice.find("expected one of: auto, chatml"), std::string::npos) << choice;
+  const std::string choice = load_error(dir, "server:\n  chat_template: vicuna\n");
+  EXPECT_NE(choice.find("expected one of: auto, jinja, chatml"), std::string::npos) << choice;
 
   const std::string not_map = load_error(dir, "server: 8080\n");
   EXPECT_NE(not_map.find("p.yaml:1"), std::string::npos) << not_map;
@@ -113,7 +113,8 @@ TEST(ChatTemplates, DetectedByTheirMarkers) {
   std::string note;
   EXPECT_EQ(ChatTemplate::choose("auto", "", &note).format(), ChatFormat::fallback);
   EXPECT_NE(note.find("no tokenizer.chat_template"), std::string::npos);
-  EXPECT_EQ(ChatTemplate::choose("auto", "<|im_start|>", &note).format(), ChatFormat::chatml);
+  // With auto, a template that renders is used as Jinja, whatever its markers.
+  EXPECT_EQ(ChatTemplate::choose("auto", "<|im_start|>", &note).format(), ChatFormat::jinja);
   EXPECT_EQ(ChatTemplate::choose("llama2", "<|im_start|>", &note).format(), ChatFormat::llama2);
   EXPECT_THROW(ChatTemplate::choose("jinja", "", &note), Error);
 }
@@ -145,6 +146,69 @@ TEST(ChatTemplates, MarkersInTheVocabularyBecomeTheirTokens) {
   // The default template is one text after BOS.
   EXPECT_EQ(ChatTemplate(ChatFormat::fallback).encode(*tok, kConversation),
             tok->encode(ChatTemplate(ChatFormat::fallback).render_text(kConversation), true));
+}
+
+const char* const kChatmlJinja =
+    "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+TEST(ChatTemplates, TheModelsJinjaTemplateIsRendered) {
+  std::string note;
+  const ChatTemplate t = ChatTemplate::choose("auto", kChatmlJinja, &note);
+  ASSERT_EQ(t.format(), ChatFormat::jinja);
+  EXPECT_NE(note.find("tokenizer.chat_template (Jinja)"), std::string::npos) << note;
+  EXPECT_EQ(t.describe(), json({{"source", "gguf"}, {"format", "jinja"}}));
+  EXPECT_EQ(t.render_text({{"user", "Hi"}}), "<s><|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  auto tok = Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
+  const std::string text = t.render_jinja(*tok, kConversation);
+  EXPECT_EQ(text.rfind("<s><|im_start|>system\nBe brief.<|im_end|>", 0), 0u) << text;
+  // The template prints bos_token: the prompt has one BOS, the text's, and the rest is the text.
+  const std::vector<int32_t> ids = t.encode(*tok, kConversation);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), tok->bos());
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->bos()), 1);
+  EXPECT_EQ(ids, tok->encode(text, false, true));
+  // A template without bos_token gets the tokenizer's BOS in front.
+  const ChatTemplate plain = ChatTemplate::choose("auto", "{% for m in messages %}{{ m.content }}{% endfor %}", &note);
+  EXPECT_EQ(plain.encode(*tok, {{"user", "Hi"}}).front(), tok->bos());
+  // End-of-turn markers the template prints: tokens when the vocabulary has them, else stop strings.
+  EXPECT_TRUE(t.stop_tokens(*tok).empty());
+  EXPECT_EQ(t.stop_strings(*tok), std::vector<std::string>{"<|im_end|>"});
+}
+
+TEST(ChatTemplates, AnUnusableTemplateFallsBackToTheDefaultWithAWarning) {
+  for (const char* broken : {"{% if messages %}never closed", "{{ messages | no_such_filter }}",
+                             "{{ raise_exception('unsupported') }}"}) {
+    SCOPED_TRACE(broken);
+    std::string note;
+    const ChatTemplate t = ChatTemplate::choose("auto", broken, &note);
+    EXPECT_EQ(t.format(), ChatFormat::fallback);
+    EXPECT_EQ(note.rfind("warning: the model's tokenizer.chat_template cannot be used", 0), 0u) << note;
+    EXPECT_NE(note.find("line 1"), std::string::npos) << note;
+    const json d = t.describe();
+    EXPECT_EQ(d["source"], "fallback");
+    EXPECT_EQ(d["format"], "default");
+    EXPECT_NE(d["warning"].get<std::string>().find("line 1"), std::string::npos) << d.dump();
+    // `jinja` insists on the model's template: the server does not start.
+    EXPECT_THROW(ChatTemplate::choose("jinja", broken, &note), Error);
+  }
+  std::string note;
+  EXPECT_EQ(ChatTemplate::choose("jinja", kChatmlJinja, &note).format(), ChatFormat::jinja);
+  EXPECT_EQ(ChatTemplate::choose("chatml", kChatmlJinja, &note).describe(),
+            json({{"source", "builtin:chatml"}, {"format", "chatml"}}));
+  EXPECT_EQ(ChatTemplate::choose("auto", "", &note).describe()["source"], "builtin:default");
+}
+
+TEST(ChatTemplates, AConversationTheTemplateRefusesIsAnError) {
+  std::string note;
+  const ChatTemplate t = ChatTemplate::choose(
+      "auto", "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok",
+      &note);
+  ASSERT_EQ(t.format(), ChatFormat::jinja);
+  auto tok = Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
+  const std::string err = test::message_of([&] { t.encode(*tok, kConversation); });
+  EXPECT_NE(err.find("System role not supported"), std::string::npos) << err;
 }
 
 serve::ApiError parse_error(serve::Endpoint e, const std::string& body) {

@@ -730,9 +730,9 @@ TEST(SynthCommand, WritesAModelAndPrintsASummary) {
   const Output unknown = tessera_cmd("synth --preset huge -o '" + dir.file("x.gguf") + "'");
   EXPECT_NE(unknown.status, 0);
   EXPECT_THAT(unknown.text, HasSubstr("presets: tiny, 110m, 110m-gqa, 1b"));
-  const Output dtype = tessera_cmd("synth --preset tiny --dtype q5_1 -o '" + dir.file("x.gguf") + "'");
+  const Output dtype = tessera_cmd("synth --preset tiny --dtype iq2_xxs -o '" + dir.file("x.gguf") + "'");
   EXPECT_NE(dtype.status, 0);
-  EXPECT_THAT(dtype.text, HasSubstr("--dtype 'q5_1' is not supported"));
+  EXPECT_THAT(dtype.text, HasSubstr("--dtype 'iq2_xxs' is not supported"));
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
 }
 

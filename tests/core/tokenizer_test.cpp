@@ -282,12 +282,12 @@ TEST(TokenizerTest, UserDefinedTokensAndTheVocabularysBosAndEos) {
 
 TEST(TokenizerTest, UnsupportedModelAndBadVocabularies) {
   Vocabulary v = toy_vocab();
-  v.model = "gpt2";
+  v.model = "t5";
   try {
     Tokenizer::create(v);
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "tokenizer model 'gpt2' is not supported (supported: llama)");
+    EXPECT_STREQ(e.what(), "tokenizer model 't5' is not supported (supported: llama, gpt2)");
   }
   v = toy_vocab();
   v.scores.pop_back();

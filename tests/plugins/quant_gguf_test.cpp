@@ -229,6 +229,13 @@ class NoBlockGemm final : public Backend {
     b_->rope(x, pos, rows, nh, hd, rd, theta, style);
   }
   void silu_mul(const float* g, const float* u, float* out, int64_t n) override { b_->silu_mul(g, u, out, n); }
+  void rope_freqs(float* x, const int32_t* p, int64_t r, int64_t h, int64_t hd, int64_t rd, const float* f, float ms,
+                  RopeStyle s) override {
+    b_->rope_freqs(x, p, r, h, hd, rd, f, ms, s);
+  }
+  void gelu_mul(const float* g, const float* u, float* o, int64_t n) override { b_->gelu_mul(g, u, o, n); }
+  void add_rows(float* x, const float* row, int64_t r, int64_t c) override { b_->add_rows(x, row, r, c); }
+  void scale(float* x, float s, int64_t n) override { b_->scale(x, s, n); }
   void add(const float* a, const float* b, float* out, int64_t n) override { b_->add(a, b, out, n); }
   void softmax(float* x, int64_t rows, int64_t cols) override { b_->softmax(x, rows, cols); }
   void kv_write(const KvLayerView& kv, const float* k, const float* v, const int32_t* slots, int64_t rows) override {

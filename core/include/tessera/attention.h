@@ -17,7 +17,21 @@ struct AttentionShape {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t window = 0;  // sliding window declared by the model; 0 = none
+  // Per layer, 1 where `window` applies (Gemma 2 and 3 alternate local and global layers); empty:
+  // every layer.
+  std::vector<uint8_t> layer_slides;
+  float scale = 0.0f;    // score scale; 0 = 1/sqrt(head_dim)
+  float softcap = 0.0f;  // AttentionArgs::softcap; 0 = none
 };
+
+// The window layer `layer` attends with: the shape's where the layer slides, else 0 (full causal).
+inline int64_t layer_window(const AttentionShape& shape, int64_t layer) {
+  if (shape.layer_slides.empty()) return shape.window;
+  return layer >= 0 && layer < static_cast<int64_t>(shape.layer_slides.size()) &&
+                 shape.layer_slides[static_cast<size_t>(layer)] != 0
+             ? shape.window
+             : 0;
+}
 
 // The batch for one step, prepared once and shared by every layer.
 struct AttentionStep {
@@ -33,9 +47,10 @@ struct AttentionStep {
   std::span<const uint8_t> host_verifies;
   int32_t max_q_len = 0;
   int32_t max_context_len = 0;
+  int64_t layer = 0;  // the layer being run: which of the shape's per-layer settings apply
 };
 
-// The dense attention call for a step (scale 1/sqrt(head_dim), the shape's window).
+// The dense attention call for a step (the shape's scale, soft cap and the layer's window).
 inline AttentionArgs dense_attention_args(const AttentionStep& step, const AttentionShape& shape, const float* q,
                                           float* out) {
   AttentionArgs args;
@@ -43,8 +58,9 @@ inline AttentionArgs dense_attention_args(const AttentionStep& step, const Atten
   args.out = out;
   args.n_tokens = step.n_tokens;
   args.n_heads = shape.n_heads;
-  args.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-  args.window = shape.window;
+  args.scale = shape.scale > 0 ? shape.scale : 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  args.softcap = shape.softcap;
+  args.window = layer_window(shape, step.layer);
   args.seqs = step.seqs;
   args.n_seqs = static_cast<int64_t>(step.host_seqs.size());
   args.block_tables = step.block_tables;

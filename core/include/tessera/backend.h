@@ -34,6 +34,11 @@ enum class Op : uint32_t {
   // Block-sparse prefill (dtype: the cache's): attention() honouring AttentionArgs::sparse, and
   // attention_block_scores() which scores key blocks for it.
   sparse_attention,
+  // What architectures beyond llama use (arch/): GeGLU, biases, embedding scale, scaled RoPE.
+  gelu_mul,
+  add_rows,
+  scale,
+  rope_freqs,
 };
 std::string_view op_name(Op op);
 
@@ -84,6 +89,9 @@ struct AttentionArgs {
   int64_t n_tokens = 0;
   int64_t n_heads = 0;
   float scale = 1.0f;
+  // Soft-capping of the scaled scores, softcap * tanh(score / softcap), before the softmax (Gemma 2);
+  // 0 = none.
+  float softcap = 0.0f;
   int64_t window = 0;  // sliding window in tokens; 0 = full causal
   const AttentionSeqDesc* seqs = nullptr;  // backend memory, n_seqs entries
   int64_t n_seqs = 0;
@@ -167,7 +175,18 @@ class Backend {
   virtual void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads,
                     int64_t head_dim, int64_t rope_dim, float theta, RopeStyle style) = 0;
   // out = silu(gate) * up, elementwise over n values.
+  // RoPE whose pair i turns by position * inv_freq[i] (rope_dim / 2 floats, backend memory), cos and
+  // sin multiplied by mscale: RoPE scaling (linear, YaRN) and per-pair factors (rope_freqs.weight)
+  // computed once by the model.
+  virtual void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
+                          int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style) = 0;
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // out = gelu(gate) * up, GELU by its tanh approximation (GeGLU, Gemma).
+  virtual void gelu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // x[r][c] += row[c] for rows x cols (a bias added to every token).
+  virtual void add_rows(float* x, const float* row, int64_t rows, int64_t cols) = 0;
+  // x[i] *= s.
+  virtual void scale(float* x, float s, int64_t n) = 0;
   virtual void add(const float* a, const float* b, float* out, int64_t n) = 0;
   virtual void softmax(float* x, int64_t rows, int64_t cols) = 0;
   // Stores k and v rows ([rows][n_kv_heads * head_dim]) at the given slots

@@ -1,6 +1,9 @@
-// The Llama-family model: embeddings, RMSNorm, RoPE, attention (GQA/MQA/MHA), SwiGLU and the
-// output head, run over a ragged batch on a backend. It calls the Quantizer (for every linear),
-// the Attention and the Cache through their interfaces, never a concrete plugin.
+// The decoder-only transformer: embeddings, RMSNorm, RoPE, attention (GQA/MQA/MHA), a gated FFN and
+// the output head, run over a ragged batch on a backend. What differs between architectures (llama,
+// qwen2/3, phi3, gemma 1-3: biases, q/k norms, fused tensors, soft-caps, post-norms, window
+// patterns, RoPE variants) is data in ModelConfig, read from the GGUF as each architecture's
+// description (core/src/arch/) says. It calls the Quantizer (for every linear), the Attention and the
+// Cache through their interfaces, never a concrete plugin.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,11 @@
 
 namespace tessera {
 
+enum class FfnActivation : uint8_t {
+  silu,       // SwiGLU: silu(gate) * up
+  gelu_tanh,  // GeGLU: gelu(gate) * up, GELU's tanh approximation (Gemma)
+};
+
 struct ModelConfig {
   std::string architecture;
   std::string name;
@@ -25,7 +33,7 @@ struct ModelConfig {
   int64_t dim = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // attention.key_length, else dim / n_heads
   int64_t ffn_dim = 0;
   int64_t vocab = 0;
   int64_t context_length = 0;
@@ -35,7 +43,33 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   int64_t sliding_window = 0;
   bool tied_output = false;
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  FfnActivation activation = FfnActivation::silu;
+  bool fused_qkv = false;      // blk.N.attn_qkv.weight holds q, k and v (phi3)
+  bool fused_gate_up = false;  // blk.N.ffn_up.weight holds gate then up (phi3)
+  bool qk_norm = false;        // blk.N.attn_{q,k}_norm.weight: RMSNorm per head before RoPE (qwen3, gemma3)
+  bool post_norms = false;     // blk.N.post_attention_norm / post_ffw_norm on each sublayer's output (gemma2/3)
+  float embed_scale = 0.0f;    // embeddings multiplied by it (gemma: sqrt(dim)); 0 = none
+  float attn_scale = 0.0f;     // attention score scale; 0 = 1/sqrt(head_dim)
+  float attn_softcap = 0.0f;   // attention logit soft cap (gemma2); 0 = none
+  float final_softcap = 0.0f;  // output logits: cap * tanh(logit / cap) (gemma2); 0 = none
+  // Per layer, 1 where sliding_window applies; empty: every layer (where sliding_window > 0).
+  std::vector<uint8_t> layer_slides;
+  float rope_theta_swa = 0.0f;  // RoPE base of sliding layers (gemma3: 10000); 0 = rope_theta
+  // RoPE scaling ("linear", "yarn") or per-pair factors ("freqs", rope_freqs.weight): each pair's
+  // inverse frequency, and the magnitude on cos/sin (YaRN). Empty: theta^(-2i/rope_dim), unscaled.
+  std::string rope_scaling = "none";
+  std::vector<float> rope_inv_freq;
+  float rope_mscale = 1.0f;
 };
+
+// The attention shape a model's layers need (heads, window pattern, scale, soft cap).
+AttentionShape attention_shape(const ModelConfig& c);
+
+// The general.architecture values read_model_config accepts.
+std::vector<std::string> supported_architectures();
 
 // Reads the architecture from GGUF metadata; throws Error naming the missing or bad key.
 ModelConfig read_model_config(const GgufFile& file);
@@ -94,10 +128,14 @@ class Model {
  private:
   struct Layer;  // model_parts.h
   void upload_step(std::span<const ForwardSeq> batch, Cache& cache);
+  // A layer's q, k (and v) between projection and attention: biases, q/k norms, RoPE.
+  void attention_inputs(const Layer& L, float* q, float* k, float* v, const int32_t* positions, int64_t rows);
+  void rope(int64_t layer, float* q, float* k, const int32_t* positions, int64_t rows);
+  void activate(const float* gate, const float* up, float* out, int64_t n);  // the FFN's gate activation
   // One token's layers with each GEMV shared out over the host thread team inside a region that
   // spans from one attention to the next (Backend::gemv_share), where the backend takes every
   // Linear of the layers; false, with nothing run, otherwise.
-  bool decode_in_few_regions(const AttentionStep& step, Attention& attention, Cache& cache, int64_t layers);
+  bool decode_in_few_regions(AttentionStep& step, Attention& attention, Cache& cache, int64_t layers);
   // Whether the backend takes every layer's GEMVs for gemv_share (and each Linear runs as gemm).
   bool layers_share_gemvs() const;
 
@@ -115,6 +153,8 @@ class Model {
   std::vector<std::string> formats_;
   std::vector<std::string> linear_names_;
   bool any_fused_ = false;  // some layer runs q|k|v or gate|up as one Linear
+  bool plain_layers_ = true;  // no layer has biases
+  DeviceBuffer rope_freqs_;   // ModelConfig::rope_inv_freq on the backend (empty: unscaled RoPE)
   bool layers_share_gemvs_ = false;
 
   // Per-step scratch, grown on demand.

@@ -7,91 +7,11 @@
 #include <cstring>
 #include <map>
 
+#include "../arch/architecture.h"
 #include "model_parts.h"
 #include "tessera/error.h"
 
 namespace tessera {
-
-ModelConfig read_model_config(const GgufFile& file) {
-  ModelConfig c;
-  c.architecture = file.get_string("general.architecture");
-  static const char* const kSupported[] = {"llama", "mistral"};
-  bool supported = false;
-  for (const char* a : kSupported) supported = supported || c.architecture == a;
-  if (!supported) {
-    throw Error(file.path() + ": architecture '" + c.architecture +
-                "' is not supported (supported: llama, mistral)");
-  }
-  const std::string a = c.architecture + ".";
-  if (file.find("general.name") != nullptr) c.name = file.get_string("general.name");
-  c.n_layers = file.get_int(a + "block_count");
-  c.dim = file.get_int(a + "embedding_length");
-  c.n_heads = file.get_int(a + "attention.head_count");
-  c.n_kv_heads = file.get_int(a + "attention.head_count_kv", c.n_heads);
-  c.ffn_dim = file.get_int(a + "feed_forward_length");
-  c.context_length = file.get_int(a + "context_length");
-  c.rms_eps = static_cast<float>(file.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = static_cast<float>(file.get_float(a + "rope.freq_base", 10000.0));
-  c.sliding_window = file.get_int(a + "attention.sliding_window", 0);
-  auto positive = [&](const char* what, int64_t v) {
-    if (v <= 0 || v > (int64_t(1) << 24)) {
-      throw Error(file.path() + ": " + a + what + " = " + std::to_string(v) + " is out of range");
-    }
-  };
-  positive("block_count", c.n_layers);
-  positive("embedding_length", c.dim);
-  positive("attention.head_count", c.n_heads);
-  positive("attention.head_count_kv", c.n_kv_heads);
-  positive("feed_forward_length", c.ffn_dim);
-  positive("context_length", c.context_length);
-  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0) {
-    throw Error(file.path() + ": embedding_length " + std::to_string(c.dim) + ", head_count " +
-                std::to_string(c.n_heads) + " and head_count_kv " + std::to_string(c.n_kv_heads) +
-                " do not divide evenly");
-  }
-  auto positive_finite = [&](const char* what, float v) {
-    if (!(v > 0) || !std::isfinite(v)) {
-      throw Error(file.path() + ": " + a + what + " = " + std::to_string(v) + " must be a positive finite number");
-    }
-  };
-  positive_finite("attention.layer_norm_rms_epsilon", c.rms_eps);
-  positive_finite("rope.freq_base", c.rope_theta);
-  c.head_dim = c.dim / c.n_heads;
-  c.rope_dim = file.get_int(a + "rope.dimension_count", c.head_dim);
-  if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
-    throw Error(file.path() + ": rope.dimension_count " + std::to_string(c.rope_dim) +
-                " must be even and at most the head size " + std::to_string(c.head_dim));
-  }
-  // Keys that change what the layers compute and that this engine does not implement: refused, as
-  // ignoring them would give other logits than llama.cpp's without a word.
-  auto unsupported = [&](const std::string& what) {
-    throw Error(file.path() + ": " + what + " is not supported (its outputs would differ from the model's)");
-  };
-  const bool scaling_named = file.find(a + "rope.scaling.type") != nullptr;
-  if (scaling_named) {
-    const std::string type = file.get_string(a + "rope.scaling.type");
-    if (type != "none") unsupported("RoPE scaling (" + a + "rope.scaling.type = " + type + ")");
-  }
-  auto unit_factor = [&](const std::string& key) {
-    const double factor = file.get_float(key, 0.0);
-    if (factor != 0.0 && factor != 1.0) unsupported("RoPE scaling (" + key + " = " + std::to_string(factor) + ")");
-  };
-  // A factor applies where no type says "none" (llama.cpp reads the older scale_linear as linear).
-  if (!scaling_named) unit_factor(a + "rope.scaling.factor");
-  unit_factor(a + "rope.scale_linear");
-  if (file.find_tensor("rope_freqs.weight") != nullptr) unsupported("RoPE frequency factors (tensor 'rope_freqs.weight')");
-  for (const std::string key : {a + "attention.key_length", a + "attention.value_length"}) {
-    if (const int64_t n = file.get_int(key, c.head_dim); n != c.head_dim) {
-      unsupported(key + " = " + std::to_string(n) + " (a head size other than embedding_length / head_count = " +
-                  std::to_string(c.head_dim) + ")");
-    }
-  }
-  const GgufTensor* emb = file.find_tensor("token_embd.weight");
-  if (emb == nullptr) throw Error(file.path() + ": tensor 'token_embd.weight' is missing");
-  c.vocab = emb->rows();
-  c.tied_output = file.find_tensor("output.weight") == nullptr;
-  return c;
-}
 
 namespace {
 
@@ -115,7 +35,7 @@ const GgufTensor& require_tensor(const GgufFile& f, const std::string& name,
   // format's blocks.
   if (t->dtype == DType::I8 || t->dtype == DType::I32) {
     throw Error(f.path() + ": tensor '" + name + "' is stored as " + std::string(dtype_name(t->dtype)) +
-                ", not a weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K or Q6_K)");
+                ", not a weight type");
   }
   // A NaN or infinite weight (or block scale) would turn every logit it reaches into NaN.
   if (const int64_t row = first_non_finite_row(t->dtype, t->data, t->rows(), t->row_length()); row >= 0) {
@@ -142,12 +62,14 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
       scratch_(std::make_unique<Scratch>()) {
   const GgufFile& f = *file_;
   const ModelConfig& c = config_;
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
 
-  auto norm = [&](const std::string& name) {
-    const GgufTensor& t = require_tensor(f, name, {c.dim});
-    std::vector<float> host(static_cast<size_t>(c.dim));
-    dequantize_row(t.dtype, t.data, host.data(), c.dim);
+  // A vector (norm weights, biases) as f32 in backend memory.
+  auto norm = [&](const std::string& name, int64_t n = 0) {
+    if (n == 0) n = c.dim;
+    const GgufTensor& t = require_tensor(f, name, {n});
+    std::vector<float> host(static_cast<size_t>(n));
+    dequantize_row(t.dtype, t.data, host.data(), n);
     DeviceBuffer buf(backend_, host.size() * sizeof(float));
     buf.upload(host.data(), host.size() * sizeof(float));
     weight_bytes_ += buf.size();
@@ -200,29 +122,59 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
   decode_bytes_per_token_ += dtype_row_bytes(emb.dtype, c.dim);
   embedding_ = WeightView{embedding_buffer_.get(), emb.dtype, c.vocab, c.dim};
 
+  const Architecture& arch = *find_architecture(c.architecture);  // read_model_config checked the name
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     Layer& L = layers_[static_cast<size_t>(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
     L.attn_norm = norm(p + "attn_norm.weight");
     L.ffn_norm = norm(p + "ffn_norm.weight");
-    L.wqkv = fused({{p + "attn_q.weight", c.dim}, {p + "attn_k.weight", kv_dim}, {p + "attn_v.weight", kv_dim}}, c.dim);
+    if (c.post_norms) {
+      L.post_attn_norm = norm(p + "post_attention_norm.weight");
+      L.post_ffw_norm = norm(p + "post_ffw_norm.weight");
+    }
+    if (c.qk_norm) {
+      L.q_norm = norm(p + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = norm(p + "attn_k_norm.weight", c.head_dim);
+    }
+    // Biases: required where the architecture has them, loaded where a file has them otherwise.
+    auto bias = [&](const std::string& name, int64_t n, bool required) {
+      return required || f.find_tensor(name) != nullptr ? norm(name, n) : DeviceBuffer();
+    };
+    L.bq = bias(p + "attn_q.bias", q_dim, arch.qkv_bias);
+    L.bk = bias(p + "attn_k.bias", kv_dim, arch.qkv_bias);
+    L.bv = bias(p + "attn_v.bias", kv_dim, arch.qkv_bias);
+    L.bo = bias(p + "attn_output.bias", c.dim, false);
+    if (c.fused_qkv) {
+      L.wqkv = linear(p + "attn_qkv.weight", q_dim + 2 * kv_dim, c.dim);
+    } else {
+      L.wqkv = fused({{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim}, {p + "attn_v.weight", kv_dim}}, c.dim);
+    }
     if (L.wqkv == nullptr) {
-      L.wqk = fused({{p + "attn_q.weight", c.dim}, {p + "attn_k.weight", kv_dim}}, c.dim);
+      L.wqk = fused({{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim}}, c.dim);
       if (L.wqk == nullptr) {
-        L.wq = linear(p + "attn_q.weight", c.dim, c.dim);
+        L.wq = linear(p + "attn_q.weight", q_dim, c.dim);
         L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
       }
       L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
     }
-    L.wo = linear(p + "attn_output.weight", c.dim, c.dim);
-    L.w_gate_up = fused({{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}}, c.dim);
+    L.wo = linear(p + "attn_output.weight", c.dim, q_dim);
+    if (c.fused_gate_up) {
+      L.w_gate_up = linear(p + "ffn_up.weight", 2 * c.ffn_dim, c.dim);
+    } else {
+      L.w_gate_up = fused({{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}}, c.dim);
+    }
     if (L.w_gate_up == nullptr) {
       L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim);
       L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
     }
     L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim);
     any_fused_ = any_fused_ || L.wqkv != nullptr || L.wqk != nullptr || L.w_gate_up != nullptr;
+    plain_layers_ = plain_layers_ && L.bq.size() == 0 && L.bk.size() == 0 && L.bv.size() == 0 && L.bo.size() == 0;
+  }
+  if (!c.rope_inv_freq.empty()) {
+    rope_freqs_ = DeviceBuffer(backend_, c.rope_inv_freq.size() * sizeof(float));
+    rope_freqs_.upload(c.rope_inv_freq.data(), c.rope_inv_freq.size() * sizeof(float));
   }
   output_norm_ = norm("output_norm.weight");
   if (c.tied_output) {
@@ -256,8 +208,51 @@ std::string Model::weight_formats() const {
 }
 
 std::vector<OpRequirement> Model::requirements() const {
-  return {{Op::rms_norm, DType::F32, "model"}, {Op::rope, DType::F32, "model"},
-          {Op::silu_mul, DType::F32, "model"}, {Op::add, DType::F32, "model"}};
+  const ModelConfig& c = config_;
+  const std::string who = "model (" + c.architecture + ")";
+  std::vector<OpRequirement> out = {{Op::rms_norm, DType::F32, who}, {Op::add, DType::F32, who}};
+  out.push_back({c.activation == FfnActivation::gelu_tanh ? Op::gelu_mul : Op::silu_mul, DType::F32, who});
+  if (c.rope_inv_freq.empty() || c.rope_theta_swa > 0) out.push_back({Op::rope, DType::F32, who});
+  if (!c.rope_inv_freq.empty()) out.push_back({Op::rope_freqs, DType::F32, who});
+  if (!plain_layers_) out.push_back({Op::add_rows, DType::F32, who});
+  if (c.embed_scale > 0) out.push_back({Op::scale, DType::F32, who});
+  return out;
+}
+
+void Model::rope(int64_t layer, float* q, float* k, const int32_t* positions, int64_t rows) {
+  const ModelConfig& c = config_;
+  const bool slides = !c.layer_slides.empty() && c.layer_slides[size_t(layer)] != 0;
+  if (slides && c.rope_theta_swa > 0) {  // Gemma 3's local layers: their own base, unscaled
+    backend_.rope(q, positions, rows, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta_swa, c.rope_style);
+    backend_.rope(k, positions, rows, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta_swa, c.rope_style);
+  } else if (rope_freqs_.size() > 0) {
+    const float* f = rope_freqs_.as<float>();
+    backend_.rope_freqs(q, positions, rows, c.n_heads, c.head_dim, c.rope_dim, f, c.rope_mscale, c.rope_style);
+    backend_.rope_freqs(k, positions, rows, c.n_kv_heads, c.head_dim, c.rope_dim, f, c.rope_mscale, c.rope_style);
+  } else {
+    backend_.rope(q, positions, rows, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+    backend_.rope(k, positions, rows, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+  }
+}
+
+void Model::attention_inputs(const Layer& L, float* q, float* k, float* v, const int32_t* positions, int64_t rows) {
+  const ModelConfig& c = config_;
+  if (L.bq.size() > 0) backend_.add_rows(q, L.bq.as<float>(), rows, c.q_dim());
+  if (L.bk.size() > 0) backend_.add_rows(k, L.bk.as<float>(), rows, c.kv_dim());
+  if (L.bv.size() > 0) backend_.add_rows(v, L.bv.as<float>(), rows, c.kv_dim());
+  if (c.qk_norm) {
+    backend_.rms_norm(q, L.q_norm.as<float>(), q, rows * c.n_heads, c.head_dim, c.rms_eps);
+    backend_.rms_norm(k, L.k_norm.as<float>(), k, rows * c.n_kv_heads, c.head_dim, c.rms_eps);
+  }
+  rope(&L - layers_.data(), q, k, positions, rows);
+}
+
+void Model::activate(const float* gate, const float* up, float* out, int64_t n) {
+  if (config_.activation == FfnActivation::gelu_tanh) {
+    backend_.gelu_mul(gate, up, out, n);
+  } else {
+    backend_.silu_mul(gate, up, out, n);
+  }
 }
 
 void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
@@ -347,20 +342,20 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     return;
   }
   Scratch& s = *scratch_;
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   if (T > s.capacity) {
     const int64_t cap = std::max<int64_t>(T, 16);
     auto f32 = [&](DeviceBuffer& b, int64_t cols) { b = DeviceBuffer(backend_, size_t(cap * cols) * 4); };
     f32(s.x, c.dim);
     f32(s.xb, c.dim);
-    f32(s.q, c.dim);
+    f32(s.q, q_dim);
     f32(s.k, kv_dim);
     f32(s.v, kv_dim);
-    f32(s.att, c.dim);
+    f32(s.att, q_dim);
     f32(s.hb, c.ffn_dim);
     f32(s.hb2, c.ffn_dim);
     if (any_fused_) {
-      f32(s.qkv, c.dim + 2 * kv_dim);
+      f32(s.qkv, q_dim + 2 * kv_dim);
       f32(s.gate_up, 2 * c.ffn_dim);
     }
     s.capacity = cap;
@@ -437,37 +432,41 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   }
 
   backend_.embedding(embedding_, ids, T, x);
+  if (c.embed_scale > 0) backend_.scale(x, c.embed_scale, T * c.dim);
   const bool decoded = T == 1 && decode_in_few_regions(step, attention, cache, layers);
   for (int64_t l = 0; l < layers && !decoded; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
+    step.layer = l;
     backend_.rms_norm(x, L.attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     float* q = s.q.as<float>();
     float* k = s.k.as<float>();
     float* v = s.v.as<float>();
     if (L.wqkv != nullptr) {
       project(L.wqkv.get(), s.qkv.as<float>(),
-              {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
+              {{L.wq.get(), &q, q_dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
     } else if (L.wqk == nullptr) {
-      project(nullptr, nullptr, {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
+      project(nullptr, nullptr, {{L.wq.get(), &q, q_dim}, {L.wk.get(), &k, kv_dim}, {L.wv.get(), &v, kv_dim}});
     } else if (float* joined = s.qkv.as<float>(); at_once(std::array<Apart, 2>{{{L.wqk.get(), joined}, {L.wv.get(), v}}})) {
       q = joined;  // q|k's output used in place, as project does
-      k = joined + c.dim;
+      k = joined + q_dim;
     } else {
-      project(L.wqk.get(), joined, {{L.wq.get(), &q, c.dim}, {L.wk.get(), &k, kv_dim}});
+      project(L.wqk.get(), joined, {{L.wq.get(), &q, q_dim}, {L.wk.get(), &k, kv_dim}});
       L.wv->forward(xb, T, v);
     }
-    backend_.rope(q, pos, T, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
-    backend_.rope(k, pos, T, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+    attention_inputs(L, q, k, v, pos, T);
     attention.forward(backend_, step, cache.layer(l), q, k, v, att);
     L.wo->forward(att, T, xb);
+    if (L.bo.size() > 0) backend_.add_rows(xb, L.bo.as<float>(), T, c.dim);
+    if (c.post_norms) backend_.rms_norm(xb, L.post_attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     backend_.add(x, xb, x, T * c.dim);
     backend_.rms_norm(x, L.ffn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     float* hb = s.hb.as<float>();
     float* hb2 = s.hb2.as<float>();
     project(L.w_gate_up.get(), s.gate_up.as<float>(),
             {{L.w_gate.get(), &hb, c.ffn_dim}, {L.w_up.get(), &hb2, c.ffn_dim}});
-    backend_.silu_mul(hb, hb2, hb, T * c.ffn_dim);
+    activate(hb, hb2, hb, T * c.ffn_dim);
     L.w_down->forward(hb, T, xb);
+    if (c.post_norms) backend_.rms_norm(xb, L.post_ffw_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     backend_.add(x, xb, x, T * c.dim);
   }
 
@@ -492,6 +491,9 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   backend_.rms_norm(head_in, output_norm_.as<float>(), head_in, rows, c.dim, c.rms_eps);
   output_->forward(head_in, rows, s.logits.as<float>());
   backend_.copy_to_host(logits.data(), s.logits.get(), logits.size() * sizeof(float));
+  if (c.final_softcap > 0) {  // Gemma 2: cap * tanh(logit / cap), on the host copy every decoder reads
+    for (float& v : logits) v = c.final_softcap * std::tanh(v / c.final_softcap);
+  }
 }
 
 }  // namespace tessera

@@ -3,13 +3,15 @@
 
 #include <string>
 
+#include "pretokenizer.h"
 #include "tessera/error.h"
 #include "tessera/gguf.h"
 
 namespace tessera {
 
-// Implementations, one file each (tokenizer_spm.cpp; a byte-level BPE would add another).
-std::unique_ptr<Tokenizer> create_spm_tokenizer(Vocabulary v);
+// Implementations, one file each.
+std::unique_ptr<Tokenizer> create_spm_tokenizer(Vocabulary v);  // tokenizer_spm.cpp
+std::unique_ptr<Tokenizer> create_bpe_tokenizer(Vocabulary v);  // tokenizer_bpe.cpp
 
 namespace {
 
@@ -38,6 +40,7 @@ Vocabulary load_vocabulary(const GgufFile& f) {
     throw Error(f.path() + ": the file has no tokenizer (tokenizer.ggml.model and tokenizer.ggml.tokens are required)");
   }
   v.model = f.get_string("tokenizer.ggml.model");
+  if (f.find("tokenizer.ggml.pre")) v.pre = f.get_string("tokenizer.ggml.pre");
   v.tokens = f.get_string_array("tokenizer.ggml.tokens");
   const size_t n = v.tokens.size();
   if (n == 0) throw Error(f.path() + ": tokenizer.ggml.tokens is empty");
@@ -65,7 +68,12 @@ Vocabulary load_vocabulary(const GgufFile& f) {
   v.eos = read_special_id(f, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, n);
   v.unk = read_special_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, n);
   v.pad = read_special_id(f, "tokenizer.ggml.padding_token_id", -1, n);
-  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", true);
+  // Without the key, llama.cpp adds BOS for SentencePiece vocabularies and, of the byte-level ones,
+  // only for those whose pre-tokenizer says so (Llama 3, Tekken); GPT-2, Qwen2, Falcon, StarCoder...
+  // get none. (Its gpt2 default of bos = eos = 11, Falcon's <|endoftext|>, is not copied: an absent id
+  // stays -1 here.)
+  const bool bos_default = spm || (v.model == "gpt2" && tokenizer_detail::PreTokenizer::adds_bos_by_default(v.pre));
+  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", bos_default);
   v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", spm);
   return v;
@@ -101,7 +109,8 @@ void Tokenizer::check_id(int32_t id) const {
 
 std::unique_ptr<Tokenizer> Tokenizer::create(Vocabulary v) {
   if (v.model == "llama") return create_spm_tokenizer(std::move(v));
-  throw Error("tokenizer model '" + v.model + "' is not supported (supported: llama)");
+  if (v.model == "gpt2") return create_bpe_tokenizer(std::move(v));
+  throw Error("tokenizer model '" + v.model + "' is not supported (supported: llama, gpt2)");
 }
 
 }  // namespace tessera

@@ -2,7 +2,8 @@
 // spaces become U+2581, the text is split into UTF-8 characters, and the adjacent pair whose
 // concatenation is the highest-scoring vocabulary token is merged until no pair is a token.
 // Characters that are no token fall back to <0xNN> byte tokens. User-defined tokens (added
-// pieces such as "<|user|>") are cut out of the text first and never split.
+// pieces such as "<|user|>"), and with parse_special control tokens, are cut out of the text first
+// (special_tokens.h) and never split.
 #include <algorithm>
 #include <array>
 #include <functional>
@@ -11,12 +12,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "special_tokens.h"
 #include "tessera/error.h"
 #include "tessera/tokenizer.h"
 
 namespace tessera {
 
 namespace {
+
+using tokenizer_detail::Fragment;
+using tokenizer_detail::SpecialTokens;
 
 constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
 constexpr std::string_view kUnknownPiece = "\xE2\x96\x85";  // what llama.cpp prints for <unk>
@@ -71,7 +76,7 @@ struct StrHash {
 
 class SpmTokenizer final : public Tokenizer {
  public:
-  explicit SpmTokenizer(Vocabulary v) : Tokenizer(std::move(v)) {
+  explicit SpmTokenizer(Vocabulary v) : Tokenizer(std::move(v)), special_(vocab_) {
     const auto n = static_cast<int32_t>(vocab_.tokens.size());
     byte_ids_.fill(-1);
     pieces_.resize(n);
@@ -93,25 +98,20 @@ class SpmTokenizer final : public Tokenizer {
         case kTokenControl:
         case kTokenUnused: break;  // no text
         case kTokenUnknown: pieces_[id] = kUnknownPiece; break;
-        case kTokenUserDefined:
-          pieces_[id] = text;
-          if (!text.empty()) user_defined_.push_back(id);
-          break;
+        case kTokenUserDefined: pieces_[id] = text; break;
         default: pieces_[id] = replace_all(text, kSpaceMarker, " "); break;
       }
     }
-    std::stable_sort(user_defined_.begin(), user_defined_.end(), [&](int32_t a, int32_t b) {
-      return vocab_.tokens[size_t(a)].size() > vocab_.tokens[size_t(b)].size();
-    });
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override {
     std::vector<int32_t> out;
     if (add_special && vocab_.add_bos && vocab_.bos >= 0) out.push_back(vocab_.bos);
-    // The text between user-defined tokens goes through BPE, with the space prefix at the start and
-    // after each such token (as llama.cpp prefixes the text after a special token).
+    // The text between special tokens goes through BPE, with the space prefix at the start and
+    // after each such token (as llama.cpp prefixes the text after a special token; Hugging Face's
+    // Llama tokenizer gives "<s>Hi" as <s> "▁Hi" too).
     bool after_token = true;
-    for (const Fragment& f : partition(text)) {
+    for (const Fragment& f : special_.partition(text, parse_special)) {
       if (f.token >= 0) {
         out.push_back(f.token);
       } else {
@@ -147,38 +147,7 @@ class SpmTokenizer final : public Tokenizer {
   }
 
  private:
-  struct Fragment {
-    std::string_view text;
-    int32_t token = -1;  // a user-defined token, or text (-1)
-  };
-
-  // The text cut at every occurrence of a user-defined token, longest tokens first (as llama.cpp's
-  // tokenizer_st_partition), into those tokens and the (non-empty) text between them.
-  std::vector<Fragment> partition(std::string_view text) const {
-    std::vector<Fragment> parts, next;
-    if (!text.empty()) parts.push_back({text});
-    for (const int32_t id : user_defined_) {
-      const std::string_view piece = vocab_.tokens[size_t(id)];
-      next.clear();
-      for (const Fragment& f : parts) {
-        std::string_view rest = f.text;
-        for (size_t at; f.token < 0 && (at = rest.find(piece)) != std::string_view::npos;) {
-          if (at > 0) next.push_back({rest.substr(0, at)});
-          next.push_back({piece, id});
-          rest.remove_prefix(at + piece.size());
-        }
-        if (f.token >= 0) {
-          next.push_back(f);
-        } else if (!rest.empty()) {
-          next.push_back({rest});
-        }
-      }
-      parts.swap(next);
-    }
-    return parts;
-  }
-
-  // One piece of text (no user-defined token in it) through BPE, its ids appended to out.
+  // One piece of text (no special token in it) through BPE, its ids appended to out.
   void encode_text(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const {
     std::string s = space_prefix ? std::string(kSpaceMarker) : std::string();
     s += replace_all(text, " ", kSpaceMarker);
@@ -255,7 +224,7 @@ class SpmTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t, StrHash, std::equal_to<>> token_ids_;
   std::array<int32_t, 256> byte_ids_{};
   std::vector<std::string> pieces_;  // token_to_piece, precomputed
-  std::vector<int32_t> user_defined_;  // user-defined tokens with text, longest first
+  SpecialTokens special_;
 };
 
 }  // namespace

@@ -11,6 +11,8 @@ namespace tessera {
 
 struct Model::Layer {
   DeviceBuffer attn_norm, ffn_norm;
+  DeviceBuffer post_attn_norm, post_ffw_norm, q_norm, k_norm;  // where the architecture has them
+  DeviceBuffer bq, bk, bv, bo;                                 // biases, where the file has them (empty otherwise)
   // q|k|v and gate|up as one Linear each where the quantizer stores the parts alike (wq, wk, wv,
   // w_gate, w_up are then null); else q|k where those two are alike (v stored otherwise, e.g.
   // kept in float or given more bits: two GEMVs instead of three).

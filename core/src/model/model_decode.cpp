@@ -15,6 +15,8 @@ namespace tessera {
 
 namespace {
 
+const DeviceBuffer kNoBias;  // down has no bias
+
 // Weights that share their input, run as one gemv_share call, and their outputs.
 struct Group {
   WeightView views[3];
@@ -80,12 +82,12 @@ bool Model::layers_share_gemvs() const {
   return true;
 }
 
-bool Model::decode_in_few_regions(const AttentionStep& step, Attention& attention, Cache& cache, int64_t layers) {
+bool Model::decode_in_few_regions(AttentionStep& step, Attention& attention, Cache& cache, int64_t layers) {
   const int threads = team_max_threads();
   if (!layers_share_gemvs_ || threads < 2) return false;
   const ModelConfig& c = config_;
   Scratch& s = *scratch_;
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   // Each thread's x, xb and hb, 64-byte aligned, then the output o and down share.
   const int64_t dim_floats = (c.dim + 15) / 16 * 16, ffn_floats = (c.ffn_dim + 15) / 16 * 16;
   const int64_t per_thread = 2 * dim_floats + ffn_floats;
@@ -99,7 +101,7 @@ bool Model::decode_in_few_regions(const AttentionStep& step, Attention& attentio
     Outputs o{s.q.as<float>(), s.k.as<float>(), s.v.as<float>(), s.hb.as<float>(), s.hb2.as<float>()};
     if (L.wqkv != nullptr || L.wqk != nullptr) {  // a fused output's parts used in place
       o.q = s.qkv.as<float>();
-      o.k = o.q + c.dim;
+      o.k = o.q + q_dim;
       if (L.wqkv != nullptr) o.v = o.k + kv_dim;
     }
     if (L.w_gate_up != nullptr) {
@@ -125,16 +127,25 @@ bool Model::decode_in_few_regions(const AttentionStep& step, Attention& attentio
       } else {
         const Layer& L = layers_[size_t(done)];
         const Outputs io = outputs(L);
+        // A sublayer's output: the shared projection, or (bias, post-norm) this thread's xb made
+        // from it, which is free until the next norm writes it.
+        auto sublayer_out = [&](const DeviceBuffer& bias, const DeviceBuffer& post_norm) -> const float* {
+          if (bias.size() == 0 && post_norm.size() == 0) return proj;
+          std::memcpy(xb, proj, size_t(c.dim) * 4);
+          if (bias.size() > 0) backend_.add_rows(xb, bias.as<float>(), 1, c.dim);
+          if (post_norm.size() > 0) backend_.rms_norm(xb, post_norm.as<float>(), xb, 1, c.dim, c.rms_eps);
+          return xb;
+        };
         share(att, one(*L.wo, proj));
         team_barrier();
-        backend_.add(x, proj, x, c.dim);
+        backend_.add(x, sublayer_out(L.bo, L.post_attn_norm), x, c.dim);
         backend_.rms_norm(x, L.ffn_norm.as<float>(), xb, 1, c.dim, c.rms_eps);
         share(xb, ffn_group(L, io));
         team_barrier();
-        backend_.silu_mul(io.gate, io.up, hb, c.ffn_dim);
+        activate(io.gate, io.up, hb, c.ffn_dim);
         share(hb, one(*L.w_down, proj));
         team_barrier();
-        backend_.add(x, proj, x, c.dim);
+        backend_.add(x, sublayer_out(kNoBias, L.post_ffw_norm), x, c.dim);
       }
       if (next < layers) {
         const Layer& L = layers_[size_t(next)];
@@ -146,8 +157,8 @@ bool Model::decode_in_few_regions(const AttentionStep& step, Attention& attentio
   region(-1, 0);
   for (int64_t l = 0; l < layers; ++l) {
     const Outputs io = outputs(layers_[size_t(l)]);
-    backend_.rope(io.q, s.positions, 1, c.n_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
-    backend_.rope(io.k, s.positions, 1, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_theta, c.rope_style);
+    attention_inputs(layers_[size_t(l)], io.q, io.k, io.v, s.positions, 1);
+    step.layer = l;
     attention.forward(backend_, step, cache.layer(l), io.q, io.k, io.v, att);
     region(l, l + 1);
   }

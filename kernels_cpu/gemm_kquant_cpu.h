@@ -1,0 +1,148 @@
+// The super-block GEMM shared by the k-quant kernels (gemm_kquant_cpu.cpp: Q4_K, Q6_K;
+// gemm_kquant_more_cpu.cpp: Q2_K, Q3_K, Q5_K; gemm_iq4_cpu.cpp: IQ4_XS): activations quantized to
+// int8 per super-block of 256 with the sums of their 16-element pieces (KQuantX), and the walk over
+// four-row tiles and threads; a format supplies kBytes and accumulate<kRows>(blocks, xq, sums, dx,
+// acc), adding one super-block of each row's dot to its 8 float lanes. Compiled as C++17.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels_cpu.h"
+#include "stealing_bands_cpu.h"
+
+namespace tessera::cpu::kquant {
+
+constexpr int64_t kSuper = 256;
+constexpr int64_t kPiece = 16;  // activation sums per 16 elements (Q6_K's scale granularity)
+constexpr int64_t kRowsPerTile = 4;
+
+struct KQuantX {
+  std::vector<int8_t> q;      // [m][k]
+  std::vector<float> d;       // [m][k / 256]
+  std::vector<int16_t> sums;  // [m][k / 16]: Σ q over each 16 elements
+};
+
+__attribute__((target("avx2,fma,f16c"))) inline void quantize_x(const float* x, int64_t m, int64_t k, KQuantX& out) {
+  const int64_t supers = k / kSuper;
+  out.q.resize(size_t(m * k));
+  out.d.resize(size_t(m * supers));
+  out.sums.resize(size_t(m * (k / kPiece)));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < m * supers; ++i) {
+    const float* xs = x + i * kSuper;
+    __m256 vmax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kSuper; c += 8) {
+      const __m256 v = _mm256_loadu_ps(xs + c);
+      vmax = _mm256_max_ps(vmax, _mm256_and_ps(abs_mask, v));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    const float amax = *std::max_element(lanes, lanes + 8);
+    // A NaN or infinite activation makes the block's scale NaN, so the outputs it feeds are NaN too
+    // (as in float arithmetic) instead of finite from clamped quants.
+    const float d = _mm256_movemask_ps(nan) != 0 || std::isinf(amax) ? NAN : amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
+    out.d[size_t(i)] = d;
+    int8_t* q = out.q.data() + i * kSuper;
+    for (int64_t c = 0; c < kSuper; c += kPiece) {
+      // Sixteen values to int8 (|x·id| <= 127: packs never saturate) and their sum.
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c), id));
+      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c + 8), id));
+      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);  // 16 int16 in order
+      const __m128i w8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), w8);
+      const __m256i s = _mm256_madd_epi16(w16, _mm256_set1_epi16(1));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      out.sums[size_t(i * (kSuper / kPiece) + c / kPiece)] = int16_t(_mm_cvtsi128_si32(s4));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float load_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Q4_K and Q5_K: the eight 6-bit scales and mins of the 12 bytes at s, as bytes (the low 8 of each
+// register): entries 0-3 are the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); entries 4-7 take
+// their low 4 bits from bytes 8-11 and their top 2 bits from the spare high bits of bytes 0-3
+// (scales) and 4-7 (mins). Worked on four bytes at a time.
+__attribute__((target("avx2,fma,f16c"))) inline void scales_mins_k4(const uint8_t* s, __m128i& sc, __m128i& mn) {
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+  sc = _mm_setr_epi32(int(w[0] & six), int((w[2] & four) | (((w[0] >> 6) & two) << 4)), 0, 0);
+  mn = _mm_setr_epi32(int(w[1] & six), int(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
+}
+
+// Rows [j0, j1) of W against all m rows of x, four rows at a time.
+template <class Format>
+__attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq, int64_t m, const WeightView& w,
+                                                        float* y, int64_t j0, int64_t j1) {
+  const int64_t k = w.cols, n = w.rows, supers = k / kSuper;
+  const size_t row_bytes = size_t(supers * Format::kBytes);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t j = j0; j < j1; j += kRowsPerTile) {
+    const int64_t rows = std::min(kRowsPerTile, j1 - j);
+    for (int64_t i = 0; i < m; ++i) {
+      __m256 acc[kRowsPerTile];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int64_t b = 0; b < supers; ++b) {
+        const int8_t* x = xq.q.data() + i * k + b * kSuper;
+        const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
+        const float dx = xq.d[size_t(i * supers + b)];
+        const uint8_t* blk[kRowsPerTile];
+        for (int64_t r = 0; r < rows; ++r) blk[r] = base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes);
+        // The hardware prefetcher does not follow four rows read a super-block at a time: each
+        // row's bytes a few KiB ahead (the tiles after this one, rows being contiguous).
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t line = 0; line < Format::kBytes; line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(blk[r]) + kPrefetchBytes + line, _MM_HINT_T0);
+          }
+        }
+        if (rows == kRowsPerTile) {
+          Format::template accumulate<kRowsPerTile>(blk, x, sums, dx, acc);
+        } else {
+          for (int64_t r = 0; r < rows; ++r) Format::template accumulate<1>(blk + r, x, sums, dx, acc + r);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
+    }
+  }
+}
+
+template <class Format>
+inline void gemm_kquant(const float* x, int64_t m, const WeightView& w, float* y) {
+  thread_local KQuantX xq;
+  quantize_x(x, m, w.cols, xq);
+  const int64_t n = w.rows;
+  if ((m * n * w.cols < kParallelWork && n * int64_t(dtype_row_bytes(w.dtype, w.cols)) < kParallelStreamBytes) ||
+      team_max_threads() == 1) {
+    return gemm_rows<Format>(xq, m, w, y, 0, n);
+  }
+  const KQuantX& shared = xq;
+  const int64_t tiles = (n + kRowsPerTile - 1) / kRowsPerTile;
+  for_units(tiles, [&](int64_t t0, int64_t t1) {
+    gemm_rows<Format>(shared, m, w, y, t0 * kRowsPerTile, std::min(n, t1 * kRowsPerTile));
+  });
+}
+
+}  // namespace tessera::cpu::kquant
