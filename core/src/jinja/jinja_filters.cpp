@@ -384,7 +384,12 @@ Value apply_filter(Evaluator& ev, const std::string& name, const Value& v, CallA
     int64_t n = 0;
     bool in_word = false;
     for (uint32_t cp : decode_utf8(v.str())) {
-      const bool w = cp == '_' || (cp < 0x80 ? std::isalnum(int(cp)) != 0 : !is_py_space(cp));
+      // Python's \w: letters, digits, underscore; non-ASCII symbol blocks (punctuation, emoji) are not.
+      const bool symbol = (cp >= 0xa1 && cp <= 0xbf && cp != 0xaa && cp != 0xb5 && cp != 0xba) || cp == 0xd7 ||
+                          cp == 0xf7 || (cp >= 0x2000 && cp <= 0x2bff) || (cp >= 0x3000 && cp <= 0x303f) ||
+                          (cp >= 0xfe00 && cp <= 0xfe0f) || (cp >= 0xff00 && cp <= 0xff0f) ||
+                          (cp >= 0x1f000 && cp <= 0x1faff);
+      const bool w = cp == '_' || (cp < 0x80 ? std::isalnum(int(cp)) != 0 : !is_py_space(cp) && !symbol);
       if (w && !in_word) ++n;
       in_word = w;
     }
