@@ -414,7 +414,7 @@ TEST(Synth, UnknownPresetsAndBadShapesGiveClearErrors) {
   EXPECT_THAT(bad([](SynthSpec& s) { s.n_layers = 0; }), HasSubstr("layers = 0 is outside"));
   EXPECT_THAT(bad([](SynthSpec& s) { s.vocab = 100; }), HasSubstr("vocab = 100 is outside 260.."));
   EXPECT_THAT(bad([](SynthSpec& s) { s.dim = 36; s.n_heads = 4; s.n_kv_heads = 4; }),
-              HasSubstr("head size dim/heads = 9 must be even"));
+              HasSubstr("the head size 9 must be even for RoPE"));
   EXPECT_THAT(bad([](SynthSpec& s) { s.rope_theta = 0; }), HasSubstr("rope_theta"));
   // Written as float32: a double past its range would become inf or 0 in the file.
   EXPECT_THAT(bad([](SynthSpec& s) { s.rope_theta = 1e39; }), HasSubstr("rope_theta = 1e+39 must be a positive number a float32 holds"));
