@@ -39,6 +39,7 @@ std::vector<float> read_cache(Backend& b, const void* pool, DType t, size_t n) {
 
 struct AttnCase {
   int64_t n_kv_heads, head_dim, window, block_size;
+  float softcap = 0;  // AttentionArgs::softcap (Gemma 2)
 };
 
 // One ragged step: (q_len, context_len) per sequence — a fresh prefill, decodes (one at the very
@@ -171,7 +172,7 @@ void run_attention_case(Backend& b, DType kv_dtype, const AttnCase& c, uint64_t 
             dot += double(q[size_t(row * q_row + h * hd + d)]) *
                    through_cache(kv_dtype, k_all[si][size_t(key * kv_row + kh * hd + d)]);
           }
-          p.push_back(dot * scale);
+          p.push_back(c.softcap > 0 ? c.softcap * std::tanh(dot * scale / c.softcap) : dot * scale);
           mx = std::max(mx, p.back());
         }
         double sum = 0;
@@ -195,6 +196,7 @@ void run_attention_case(Backend& b, DType kv_dtype, const AttnCase& c, uint64_t 
   args.n_tokens = n_tokens;
   args.n_heads = n_heads;
   args.scale = float(scale);
+  args.softcap = c.softcap;
   args.window = c.window;
   args.seqs = db.as<AttentionSeqDesc>();
   args.n_seqs = int64_t(descs.size());
@@ -237,6 +239,19 @@ TEST_P(BackendConformance, KvWriteAndPagedAttentionOverRaggedGqaBatch) {
     }
   }
   if (ran == 0) GTEST_SKIP() << "backend claims no kv cache type for attention";
+}
+
+TEST_P(BackendConformance, PagedAttentionSoftCapsTheScores) {
+  // Scores capped at 0.25 (below what these q and k give) change every output, prefill and decode,
+  // windowed or not: the cap must apply to the scaled scores before the softmax.
+  if (!claims(Op::attention, DType::F32) || !claims(Op::kv_write, DType::F32)) GTEST_SKIP() << "attention not supported";
+  uint64_t seed = 9500;
+  for (int64_t n_kv_heads : {8, 2}) {
+    for (int64_t window : {0, 6}) {
+      SCOPED_TRACE("n_kv_heads " + std::to_string(n_kv_heads) + " window " + std::to_string(window));
+      run_attention_case(b(), DType::F32, AttnCase{n_kv_heads, 64, window, 16, 0.25f}, ++seed);
+    }
+  }
 }
 
 }  // namespace

@@ -184,7 +184,7 @@ class QuantizerVariantConformance : public testing::TestWithParam<QuantizerVaria
     const std::string missing = missing_cpu_isa(GetParam().variant);
     if (!missing.empty()) GTEST_SKIP() << GetParam().plugin << " " << GetParam().variant.label << ": " << missing;
   }
-  std::unique_ptr<Quantizer> make() const {
+  std::shared_ptr<Quantizer> make() const {
     return registry().create<Quantizer>(GetParam().plugin, GetParam().variant.params, "conformance test");
   }
 };

@@ -44,7 +44,6 @@ struct Architecture {
   float window_rope_base = 0;  // RoPE base of sliding layers, unscaled (gemma3: 10000); 0 = rope.freq_base
   AttentionScale attention_scale = AttentionScale::head_dim;
   int64_t gemma_27b_layers = 0;  // AttentionScale::gemma_27b: the 27B model's block count
-  bool rope_scaling = true;      // rope.scaling.* and rope_freqs.weight read (else refused by name)
 };
 
 // The description for general.architecture `name`, or null.

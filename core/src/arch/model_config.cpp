@@ -180,7 +180,7 @@ ModelConfig read_model_config(const GgufFile& file) {
   auto unsupported = [&](const std::string& what) {
     throw Error(file.path() + ": " + what + " is not supported (its outputs would differ from the model's)");
   };
-  if (arch->rope_scaling) read_rope_scaling(file, a, c);
+  read_rope_scaling(file, a, c);
   for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
     if (file.find_tensor(t) != nullptr) unsupported(std::string("LongRoPE (tensor '") + t + "')");
   }
