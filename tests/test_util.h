@@ -101,6 +101,16 @@ inline Backend& cpu_backend() {
 }
 
 // Deterministic uniform floats in [lo, hi).
+// Whether the CPU kernels take their AVX2 paths here (AVX2 and FMA, not hidden by
+// TESSERA_CPU_ISA=scalar): packed weight layouts and the shared-GEMV regions exist only there.
+inline bool cpu_has_avx2() {
+  const char* isa = std::getenv("TESSERA_CPU_ISA");
+  if (isa != nullptr && std::string(isa) == "scalar") return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#define TESSERA_SKIP_WITHOUT_AVX2() \
+  if (!::tessera::test::cpu_has_avx2()) GTEST_SKIP() << "needs AVX2 and FMA (packed layouts), which this CPU lacks or TESSERA_CPU_ISA=scalar hides"
+
 // Whether the CPU kernels' `vnni` variant can run here (AVX-512 VNNI on 256-bit vectors, not hidden
 // by TESSERA_CPU_ISA=avx2 or scalar).
 inline bool cpu_has_vnni() {

@@ -102,7 +102,8 @@ TEST_P(GpuBackendTest, SupportsExactlyTheImplementedOps) {
   if (backend == nullptr) GTEST_SKIP() << "no " << GetParam().backend << " device on this machine";
   EXPECT_EQ(backend->name(), GetParam().backend);
   EXPECT_FALSE(backend->devices().empty());
-  for (Op op : {Op::rms_norm, Op::rope, Op::silu_mul, Op::add, Op::softmax, Op::argmax}) {
+  for (Op op : {Op::rms_norm, Op::rope, Op::silu_mul, Op::add, Op::softmax, Op::argmax, Op::gelu_mul, Op::add_rows,
+                Op::scale, Op::rope_freqs}) {
     EXPECT_TRUE(backend->supports(op, DType::F32)) << op_name(op);
     EXPECT_FALSE(backend->supports(op, DType::F16)) << op_name(op);
   }

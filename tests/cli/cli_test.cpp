@@ -284,7 +284,7 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 
   o = tessera_cmd("bogus");
   EXPECT_EQ(o.status, 1);
-  EXPECT_NE(o.text.find("unknown command 'bogus' (commands: run, plugins, eval, synth, serve, bench)"),
+  EXPECT_NE(o.text.find("unknown command 'bogus' (commands: run, plugins, eval, synth, serve, bench, tokenize)"),
             std::string::npos)
       << o.text;
 

@@ -102,6 +102,7 @@ void expect_blocks_as_stored(Backend& b, const Linear& l, const uint8_t* file, s
 }
 
 TEST(Gguf, Q8BlocksAreTheFileBlocksInTileOrder) {
+  TESSERA_SKIP_WITHOUT_AVX2();
   auto file = GgufFile::open(test::kStoriesQ8);
   auto q = gguf();
   Backend& b = *cpu_backend();
@@ -124,6 +125,7 @@ TEST(Gguf, Q8BlocksAreTheFileBlocksInTileOrder) {
 }
 
 TEST(Gguf, PartialTilesStayRowMajor) {
+  TESSERA_SKIP_WITHOUT_AVX2();
   // 7 rows: one packed tile, then three rows as the file has them.
   for (DType t : {DType::Q8_0, DType::Q4_0}) {
     SCOPED_TRACE(std::string(dtype_name(t)));
@@ -137,6 +139,7 @@ TEST(Gguf, PartialTilesStayRowMajor) {
 }
 
 TEST(Gguf, BandsHoldEveryScaleAndQuantAsStored) {
+  TESSERA_SKIP_WITHOUT_AVX2();
   // 15 rows: one band of 8, one packed tile of 4, then three rows as the file has them.
   for (DType t : {DType::Q8_0, DType::Q4_0}) {
     SCOPED_TRACE(std::string(dtype_name(t)));

@@ -110,7 +110,8 @@ TEST(GgufTypes, NonFiniteActivationsGiveNan) {
     Case c = make_case(t, 1, 5, 512, 3, false);
     for (const float bad : {std::nanf(""), INFINITY}) {
       c.x[300] = bad;
-      for (float v : test::linear_forward(*gguf_linear(c), c.x, 1)) EXPECT_TRUE(std::isnan(v)) << bad;
+      // NaN from the 8-bit activation kernels; NaN or an infinity from the float path without AVX2.
+      for (float v : test::linear_forward(*gguf_linear(c), c.x, 1)) EXPECT_FALSE(std::isfinite(v)) << bad;
     }
   }
 }

@@ -166,6 +166,7 @@ std::vector<float> gemm_on(const WeightView& v, const std::vector<float>& x, int
 }
 
 TEST(Int4, PackedTilesGiveTheBitsOfRowMajorWeights) {
+  TESSERA_SKIP_WITHOUT_AVX2();
   // The CPU backend packs whole 8-row bands for the AVX2 kernel (prepare_weight; VNNI's prefill
   // reads them two at a time) and leaves the rows after them row-major; the packed kernel must
   // compute exactly what it computes on row-major weights, on rows that are not whole tiles, k of
