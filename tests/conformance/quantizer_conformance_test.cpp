@@ -170,6 +170,8 @@ struct QuantizerVariant {
   Variant variant;
 };
 
+void PrintTo(const QuantizerVariant& v, std::ostream* os) { *os << v.plugin << " " << v.variant.label; }
+
 std::vector<QuantizerVariant> quantizer_variants() {
   std::vector<QuantizerVariant> out;
   for (const std::string& name : plugin_names(ComponentKind::quantizer)) {

@@ -47,6 +47,7 @@ struct ModelConfig {
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   FfnActivation activation = FfnActivation::silu;
+  bool qkv_bias = false;       // blk.N.attn_{q,k,v}.bias required (qwen2); elsewhere loaded where present
   bool fused_qkv = false;      // blk.N.attn_qkv.weight holds q, k and v (phi3)
   bool fused_gate_up = false;  // blk.N.ffn_up.weight holds gate then up (phi3)
   bool qk_norm = false;        // blk.N.attn_{q,k}_norm.weight: RMSNorm per head before RoPE (qwen3, gemma3)

@@ -146,6 +146,7 @@ ModelConfig read_model_config(const GgufFile& file) {
 
   c.rope_style = arch->rope_style;
   c.activation = arch->activation;
+  c.qkv_bias = arch->qkv_bias;
   c.fused_qkv = arch->fused_qkv;
   c.fused_gate_up = arch->fused_gate_up;
   c.qk_norm = arch->qk_norm;

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <map>
 
-#include "../arch/architecture.h"
 #include "model_parts.h"
 #include "tessera/error.h"
 
@@ -122,7 +121,6 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
   decode_bytes_per_token_ += dtype_row_bytes(emb.dtype, c.dim);
   embedding_ = WeightView{embedding_buffer_.get(), emb.dtype, c.vocab, c.dim};
 
-  const Architecture& arch = *find_architecture(c.architecture);  // read_model_config checked the name
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     Layer& L = layers_[static_cast<size_t>(i)];
@@ -141,9 +139,9 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     auto bias = [&](const std::string& name, int64_t n, bool required) {
       return required || f.find_tensor(name) != nullptr ? norm(name, n) : DeviceBuffer();
     };
-    L.bq = bias(p + "attn_q.bias", q_dim, arch.qkv_bias);
-    L.bk = bias(p + "attn_k.bias", kv_dim, arch.qkv_bias);
-    L.bv = bias(p + "attn_v.bias", kv_dim, arch.qkv_bias);
+    L.bq = bias(p + "attn_q.bias", q_dim, c.qkv_bias);
+    L.bk = bias(p + "attn_k.bias", kv_dim, c.qkv_bias);
+    L.bv = bias(p + "attn_v.bias", kv_dim, c.qkv_bias);
     L.bo = bias(p + "attn_output.bias", c.dim, false);
     if (c.fused_qkv) {
       L.wqkv = linear(p + "attn_qkv.weight", q_dim + 2 * kv_dim, c.dim);
