@@ -243,6 +243,52 @@ void BM_DecodeVs(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeVs)->Arg(16)->Iterations(1)->Unit(benchmark::kSecond);
 
+// Each architecture's decode against llama's on the same 110m shape (f32 weights, the baseline
+// pipeline; synthetic models written to $TMPDIR once), alternated A B B A as BM_DecodeVs: the
+// per-pair ratio of tokens/s and of weight read rate (bytes a token x tokens/s), medians. What an
+// architecture adds (biases, q/k norms, post-norms, GeGLU, soft caps, windows) should cost little
+// against the weights it streams. args: architecture (index into synth_architectures()), pairs.
+void BM_ArchDecodeVsLlama(benchmark::State& state) {
+  const std::string arch = synth_architectures().at(size_t(state.range(0)));
+  std::unique_ptr<Pipeline> pipelines[2];
+  double bytes[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = i == 0 ? "llama" : arch;
+    const fs::path path = fs::temp_directory_path() / ("tessera-arch-110m-" + name + ".gguf");
+    if (!fs::exists(path)) {
+      SynthSpec spec = synth_preset("110m");
+      spec.arch = name;
+      const fs::path part = path.string() + ".part";
+      write_synthetic_model(spec, part.string());
+      fs::rename(part, path);
+    }
+    PipelineSpec spec = load_pipeline_spec(TESSERA_SOURCE_DIR "/pipelines/baseline.yaml");
+    spec.model = path.string();
+    spec.backend = "cpu";
+    pipelines[i] = Pipeline::build(spec, bench::registry());
+    bytes[i] = double(pipelines[i]->model().decode_bytes_per_token());
+  }
+  std::mt19937_64 rng(5);
+  std::vector<double> tok_ratios, read_ratios;
+  for (auto _ : state) {
+    double rate[2] = {0, 0};
+    for (int64_t run = 0; run < 2 * state.range(1); ++run) {
+      const int which = int((run + run / 2) % 2);
+      rate[which] = decode_tokens_per_s(*pipelines[which], rng);
+      if (run % 2 == 1) {
+        tok_ratios.push_back(rate[1] / rate[0]);
+        read_ratios.push_back(bytes[1] * rate[1] / (bytes[0] * rate[0]));
+      }
+    }
+  }
+  state.counters["arch_over_llama_tok_per_s"] = median(tok_ratios);
+  state.counters["arch_over_llama_read_rate"] = median(read_ratios);
+  state.counters["pairs"] = double(tok_ratios.size());
+  state.SetLabel(arch + " vs llama, 110m f32, " + std::to_string(omp_get_max_threads()) + " threads, " +
+                 std::to_string(kDecodeTokens) + " tokens a run");
+}
+BENCHMARK(BM_ArchDecodeVsLlama)->ArgsProduct({{1, 2, 3, 4, 5, 6, 7}, {6}})->Iterations(1)->Unit(benchmark::kSecond);
+
 // Prefill of a 128-token prompt as a share of the FMA peak (issue #3): twice the multiply-adds of
 // the layers for every prompt token and of the head for the last, over the prefill time (admitted
 // to first token, as `tessera run` reports it), over the mean of FMA probes just before and after.
