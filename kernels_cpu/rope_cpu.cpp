@@ -15,8 +15,9 @@ namespace {
 // whose layers alternate two bases (Gemma 3's local and global layers) keep both; grown before the
 // parallel loop.
 struct AngleTable {
-  std::vector<double> inv_freq;  // [rope_dim / 2]
+  float theta = 0;               // the base its frequencies come from; 0: frequencies given (rope_freqs)
   float mscale = 1.0f;
+  std::vector<double> inv_freq;  // [rope_dim / 2]
   int64_t positions = 0;
   std::vector<float> cos, sin;  // [position][rope_dim / 2]
 
@@ -37,16 +38,30 @@ struct AngleTable {
   }
 };
 
-AngleTable& table_for(const std::vector<double>& inv_freq, float mscale, int32_t max_pos) {
+// The table of base `theta` (freqs null: pair i turns by theta^(-2i/rope_dim)) or of the given
+// frequencies, covering positions up to max_pos.
+AngleTable& table_for(float theta, int64_t rope_dim, const float* freqs, float mscale, int32_t max_pos) {
   thread_local std::array<AngleTable, 4> tables;
   thread_local size_t next = 0;
+  const auto half = size_t(rope_dim / 2);
+  auto same = [&](const AngleTable& c) {
+    if (c.theta != theta || c.mscale != mscale || c.inv_freq.size() != half) return false;
+    for (size_t i = 0; freqs != nullptr && i < half; ++i) {
+      if (c.inv_freq[i] != double(freqs[i])) return false;
+    }
+    return true;
+  };
   AngleTable* t = nullptr;
   for (AngleTable& c : tables) {
-    if (c.inv_freq == inv_freq && c.mscale == mscale) t = &c;
+    if (same(c)) t = &c;
   }
   if (t == nullptr) {
     t = &tables[next++ % tables.size()];
-    *t = AngleTable{inv_freq, mscale, 0, {}, {}};
+    *t = AngleTable{theta, mscale, std::vector<double>(half), 0, {}, {}};
+    for (size_t i = 0; i < half; ++i) {
+      t->inv_freq[i] = freqs != nullptr ? double(freqs[i])
+                                        : std::pow(double(theta), -2.0 * double(i) / double(rope_dim));
+    }
   }
   t->cover(max_pos);
   return *t;
@@ -84,19 +99,14 @@ int32_t max_position(const int32_t* positions, int64_t rows) {
 
 void rope(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
           int64_t rope_dim, float theta, RopeStyle style) {
-  thread_local std::vector<double> inv_freq;
-  inv_freq.resize(size_t(rope_dim / 2));
-  for (int64_t i = 0; i < rope_dim / 2; ++i) {
-    inv_freq[size_t(i)] = std::pow(static_cast<double>(theta), -2.0 * double(i) / double(rope_dim));
-  }
-  rotate(x, positions, rows, n_heads, head_dim, table_for(inv_freq, 1.0f, max_position(positions, rows)), style);
+  const AngleTable& table = table_for(theta, rope_dim, nullptr, 1.0f, max_position(positions, rows));
+  rotate(x, positions, rows, n_heads, head_dim, table, style);
 }
 
 void rope_freqs(float* x, const int32_t* positions, int64_t rows, int64_t n_heads, int64_t head_dim,
                 int64_t rope_dim, const float* inv_freq, float mscale, RopeStyle style) {
-  thread_local std::vector<double> freqs;
-  freqs.assign(inv_freq, inv_freq + rope_dim / 2);
-  rotate(x, positions, rows, n_heads, head_dim, table_for(freqs, mscale, max_position(positions, rows)), style);
+  const AngleTable& table = table_for(0.0f, rope_dim, inv_freq, mscale, max_position(positions, rows));
+  rotate(x, positions, rows, n_heads, head_dim, table, style);
 }
 
 }  // namespace tessera::cpu

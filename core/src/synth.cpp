@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <queue>
-#include <type_traits>
 #include <unordered_set>
 #include <variant>
 
@@ -28,18 +27,15 @@ constexpr int64_t kMaxLayers = 4096;                // 8x llama.cpp's LLAMA_MAX_
 
 // One metadata value as the source file stored it.
 void copy_value(GgufWriter& w, const std::string& key, const GgufValue& v) {
-  auto num = [&](auto get) { return std::visit([&](auto x) { return get(x); }, v.scalar); };
   switch (v.type) {
     case GgufType::STRING: w.add_string(key, std::get<std::string>(v.scalar)); return;
     case GgufType::BOOL: w.add_bool(key, std::get<bool>(v.scalar)); return;
     case GgufType::FLOAT32: w.add_float32(key, static_cast<float>(std::get<double>(v.scalar))); return;
     case GgufType::FLOAT64: w.add_float64(key, std::get<double>(v.scalar)); return;
     case GgufType::ARRAY: break;
-    default: {  // integers: as a signed or unsigned 64-bit value of the same width class
-      const auto as_i64 = num([](auto x) -> int64_t {
-        if constexpr (std::is_arithmetic_v<decltype(x)>) return static_cast<int64_t>(x);
-        return 0;
-      });
+    default: {  // integers: GgufValue holds unsigned ones as uint64_t, signed as int64_t
+      const int64_t as_i64 = std::holds_alternative<uint64_t>(v.scalar) ? int64_t(std::get<uint64_t>(v.scalar))
+                                                                         : std::get<int64_t>(v.scalar);
       switch (v.type) {
         case GgufType::UINT8: w.add_uint8(key, uint8_t(as_i64)); return;
         case GgufType::INT8: w.add_int8(key, int8_t(as_i64)); return;

@@ -158,8 +158,9 @@ ModelConfig read_model_config(const GgufFile& file) {
   if (arch->softcaps) {
     c.attn_softcap = static_cast<float>(file.get_float(a + "attn_logit_softcapping", 50.0));
     c.final_softcap = static_cast<float>(file.get_float(a + "final_logit_softcapping", 30.0));
-    if (!(c.attn_softcap >= 0) || !std::isfinite(c.attn_softcap)) positive_finite("attn_logit_softcapping", c.attn_softcap);
-    if (!(c.final_softcap >= 0) || !std::isfinite(c.final_softcap)) positive_finite("final_logit_softcapping", c.final_softcap);
+    for (const auto& [key, cap] : {std::pair{"attn_logit_softcapping", c.attn_softcap}, {"final_logit_softcapping", c.final_softcap}}) {
+      if (cap != 0) positive_finite(key, cap);  // 0: no cap
+    }
   }
   if (arch->window_layers != WindowLayers::ignored) {
     c.sliding_window = file.get_int(a + "attention.sliding_window", arch->default_window);
