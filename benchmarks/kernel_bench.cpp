@@ -225,6 +225,7 @@ void BM_GemvStreamVs(benchmark::State& state) {
   state.counters["b_GB"] = b_bytes * iters / tb / 1e9;
   state.counters["b_over_a"] = (b_bytes / tb) / (a_bytes / ta);
   state.counters["probe_GB"] = measure_read_bandwidth(0.15).value;
+  state.counters["b_share"] = state.counters["b_GB"] / state.counters["probe_GB"];
   state.SetLabel("a " + sa.describe(a) + ", b " + sb.describe(b) + ", " + std::to_string(omp_get_max_threads()) +
                  " threads");
 }
@@ -233,6 +234,9 @@ BENCHMARK(BM_GemvStreamVs)
     ->Args({3, 9, 2048, 768})    // int4 sym: VNNI against AVX2
     ->Args({3, 10, 2048, 768})   // int4: symmetric against asymmetric
     ->Args({2, 10, 2048, 768})   // int8 against int4 asymmetric (pipelines/int8.yaml, int4.yaml)
+    // Q4_0 (packed bands) against each other GGUF type (packed tiles): b_share is b's weight read
+    // rate over the probe's, the type's share of the decode roofline.
+    ->ArgsProduct({{5}, {4, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18}, {2048}, {768}})
     ->Iterations(30)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

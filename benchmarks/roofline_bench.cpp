@@ -12,11 +12,13 @@
 //
 //   TESSERA_ROOFLINE_MODEL  GGUF for the float and int pipelines (default: `tessera synth --preset
 //                           110m`, written to $TMPDIR once). The gguf pipelines read the synthetic
-//                           110m written as Q8_0 / Q4_0 (also in $TMPDIR, once).
+//                           110m written as Q8_0, Q4_0 or another GGUF type (also in $TMPDIR,
+//                           once).
 //   OMP_NUM_THREADS         decode and probe threads (default: all cores)
 //   TESSERA_VS_A, _B        BM_DecodeVs's pipeline files
 //
-// args: pipeline (0 baseline f32, 1 int8, 2 int4, 3 gguf Q8_0, 4 gguf Q4_0), decode runs.
+// args: pipeline (0 baseline f32, 1 int8, 2 int4, 3 gguf Q8_0, 4 gguf Q4_0, 5-14 gguf Q4_1, Q5_0,
+// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), decode runs.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -53,6 +55,11 @@ struct RooflineCase {
 constexpr RooflineCase kCases[] = {
     {"baseline.yaml", DType::F32}, {"int8.yaml", DType::F32}, {"int4.yaml", DType::F32},
     {"gguf.yaml", DType::Q8_0},    {"gguf.yaml", DType::Q4_0},
+    // The other GGUF types (indices 5-14), each the synthetic 110m written whole in that type.
+    {"gguf.yaml", DType::Q4_1},    {"gguf.yaml", DType::Q5_0},   {"gguf.yaml", DType::Q5_1},
+    {"gguf.yaml", DType::Q2_K},    {"gguf.yaml", DType::Q3_K},   {"gguf.yaml", DType::Q4_K},
+    {"gguf.yaml", DType::Q5_K},    {"gguf.yaml", DType::Q6_K},   {"gguf.yaml", DType::IQ4_NL},
+    {"gguf.yaml", DType::IQ4_XS},
 };
 
 std::string model_for(DType weights) {
@@ -176,7 +183,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
   std::fill(probe_buf.get(), probe_buf.get() + kProbeBytes / 4, 1.0f);
 
   std::mt19937_64 rng(3);
-  std::vector<double> shares, with_kv, rates, probes, trips;
+  std::vector<double> shares, with_kv, rates, probes, trips, read_rates;
   for (auto _ : state) {
     double before = probe_window(probe_buf.get());
     for (int64_t run = 0; run < runs; ++run) {
@@ -185,6 +192,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
       trips.push_back(measure_core_round_trip(1000).value);
       const double probe = (before + after) / 2;
       rates.push_back(tok_per_s);
+      read_rates.push_back(bytes_per_token * tok_per_s / 1e9);
       probes.push_back(probe);
       shares.push_back(bytes_per_token * tok_per_s / 1e9 / probe);
       with_kv.push_back((bytes_per_token + kv_bytes) * tok_per_s / 1e9 / probe);
@@ -197,11 +205,16 @@ void BM_DecodeRoofline(benchmark::State& state) {
   state.counters["kv_MB_per_token"] = kv_bytes / 1e6;
   state.counters["decode_tok_per_s"] = median(rates);
   state.counters["probe_GB_per_s"] = median(probes);
+  state.counters["decode_GB_per_s"] = median(read_rates);  // weight bytes a token x tokens/s
   state.counters["weight_MB_per_token"] = bytes_per_token / 1e6;
   state.SetLabel(std::string(c.pipeline) + ": " + pipeline->describe() + ", " + pipeline->model().weight_formats() + ", " +
                  std::to_string(omp_get_max_threads()) + " threads, " + std::to_string(kDecodeTokens) + " tokens a run");
 }
-BENCHMARK(BM_DecodeRoofline)->ArgsProduct({{0, 1, 2, 3, 4}, {12}})->Iterations(1)->Unit(benchmark::kSecond);
+BENCHMARK(BM_DecodeRoofline)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {12}})
+    ->ArgsProduct({benchmark::CreateDenseRange(5, 14, 1), {6}})  // every other GGUF type, side by side
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond);
 
 // Two pipelines' decodes side by side (TESSERA_VS_A, TESSERA_VS_B: pipeline files, by default
 // pipelines/int8.yaml and pipelines/int4.yaml), their runs alternated A B B A A B ... in one process,

@@ -37,7 +37,7 @@ std::vector<std::string> load_prompts(const std::string& path) {
   if (path.empty()) {
     return {"Once upon a time", "The little dog", "One day, a girl named", "Tom and his friend", "In the park"};
   }
-  const std::string text = read_file(path, "prompts file");
+  const std::string text = read_file(path, "prompts file", kTextInputLimits);
   std::vector<std::string> out;
   if (!text.empty() && (text[0] == '[' || text[0] == '{')) {
     nlohmann::json j;
@@ -64,7 +64,7 @@ std::vector<std::string> load_prompts(const std::string& path) {
 }
 
 void eval(EvalArgs args) {
-  const std::string text = read_file(args.text, "text file");
+  const std::string text = read_file(args.text, "text file", kTextInputLimits);
   Registry registry;
   load_plugins(registry);
   const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));

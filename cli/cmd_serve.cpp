@@ -28,13 +28,28 @@ struct ServeArgs {
   std::optional<std::string> api_key_file;
 };
 
-std::string read_api_key(const std::string& file) {
+// One key per line, `KEY` or `NAME KEY` (blank lines and lines starting with # are skipped); a key
+// without a name is called "key<LINE>".
+std::vector<serve::ApiKey> read_api_keys(const std::string& file) {
   std::istringstream in(read_file(file, "API key file"));
-  std::string key;
-  std::getline(in, key);
-  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
-  if (key.empty()) throw Error(file + ": the API key file's first line is empty");
-  return key;
+  std::vector<serve::ApiKey> keys;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string s; words >> s;) w.push_back(s);
+    if (w.empty() || w[0][0] == '#') continue;
+    const std::string where = file + ":" + std::to_string(n);
+    if (w.size() > 2) throw Error(where + ": expected 'KEY' or 'NAME KEY', got " + std::to_string(w.size()) + " words");
+    serve::ApiKey k{w.size() == 2 ? w[0] : "key" + std::to_string(n), w.back()};
+    for (const serve::ApiKey& other : keys) {
+      if (other.name == k.name) throw Error(where + ": key name '" + k.name + "' is given twice");
+      if (other.secret == k.secret) throw Error(where + ": the same key is given twice");
+    }
+    keys.push_back(std::move(k));
+  }
+  if (keys.empty()) throw Error(file + ": the API key file holds no key");
+  return keys;
 }
 
 // The pipeline's server section with defaults, then the flags.
@@ -48,8 +63,10 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
   c.max_body_bytes = p.get_int("max_body_bytes");
   c.shutdown_deadline = p.get_float("shutdown_deadline");
   c.http_threads = p.get_int("http_threads");
+  c.request_deadline = p.get_float("request_deadline");
+  c.max_connections_per_client = p.get_int("max_connections_per_client");
   // Every admitted request holds an HTTP thread until it is answered; past the threads, requests
-  // would wait unseen in httplib's queue (no 429, not in the metrics) and /health with them.
+  // would wait unseen in the workers' queue (no 429, not in the metrics).
   if (c.http_threads < c.max_queue + serve::kSpareHttpThreads) {
     throw Error(where + ": http_threads " + std::to_string(c.http_threads) + " must be at least max_queue " +
                 std::to_string(c.max_queue) + " + " + std::to_string(serve::kSpareHttpThreads) +
@@ -76,8 +93,15 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
     key = args.api_key.value_or("");
     key_file = args.api_key_file.value_or("");
   }
-  if (!key_file.empty()) key = read_api_key(key_file);
-  c.api_key = key;
+  if (!key_file.empty()) {
+    c.api_keys = read_api_keys(key_file);
+  } else if (!key.empty()) {
+    c.api_keys = {{"default", key}};
+  }
+  c.user_from_key = p.get_bool("user_from_key");
+  if (c.user_from_key && c.api_keys.empty()) {
+    throw Error(where + ": user_from_key needs API keys (api_key or api_key_file) to derive users from");
+  }
   return c;
 }
 
@@ -113,7 +137,7 @@ void serve_command(const ServeArgs& args) {
   serve::HttpServer server(*pipeline, engine, chat, config);
   const int port = server.bind();
   std::cerr << "tessera serve: " << pipeline->describe() << ", model '" << config.model_name << "'"
-            << (config.api_key.empty() ? "" : ", API key required") << "\n";
+            << (config.api_keys.empty() ? "" : ", API key required") << "\n";
   std::cout << "listening on http://" << config.host << ":" << port << std::endl;
 
   std::atomic<bool> exiting{false};
@@ -149,7 +173,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", args->host, "address to bind (default 127.0.0.1, or the pipeline's server.host)");
   cmd->add_option("--port", args->port, "TCP port (default 8080; 0 = any free port, printed at start)");
   auto* key = cmd->add_option("--api-key", args->api_key, "require 'Authorization: Bearer KEY'");
-  cmd->add_option("--api-key-file", args->api_key_file, "read the API key from the first line of this file")
+  cmd->add_option("--api-key-file", args->api_key_file, "read the API keys from this file (one per line: KEY or NAME KEY)")
       ->excludes(key);
   cmd->callback([args] { serve_command(*args); });
 }

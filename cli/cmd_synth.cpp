@@ -32,7 +32,8 @@ struct SynthArgs {
 };
 
 constexpr const char* kDtypes =
-    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs; mixed like "
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, "
+    "iq3_s; mixed like "
     "llama.cpp's: q3_k_m, q4_k_m, q5_k_m";
 
 DType parse_dtype(const std::string& s) {
@@ -42,7 +43,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "q8_0") return DType::Q8_0;
   if (s == "q4_0") return DType::Q4_0;
   for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
-                  DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
+                  DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S,
+                  DType::IQ3_XXS, DType::IQ3_S}) {
     if (s == dtype_name(t)) return t;
   }
   for (const std::string& recipe : synth_recipe_names()) {

@@ -31,6 +31,19 @@ struct WithMin {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_setr_ps(float(sx), 0, 0, 0, 0, 0, 0, 0),
                           acc);
   }
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    __m256i q = nibbles(blk + (kFifth ? 8 : 4));
+    if (kFifth) q = _mm256_or_si256(q, fifth_bits(blk + 4));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q), q);
+    u.d = load_fp16(blk);
+    u.m = load_fp16(blk + 2);
+  }
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_unpacked(const Unpacked& u, __m256i x, int32_t sx,
+                                                                            float dx, __m256& acc) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * dx), _mm256_cvtepi32_ps(dot(q, x)), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.m * dx), _mm256_setr_ps(float(sx), 0, 0, 0, 0, 0, 0, 0), acc);
+  }
 };
 
 // Q5_0: 22 bytes — d, fifth bits, nibbles.
@@ -42,6 +55,17 @@ struct Q50 {
     // The -16 of every quant, exactly in int32 (lane 0).
     const __m256i isum = _mm256_sub_epi32(dot(q, x), _mm256_setr_epi32(16 * sx, 0, 0, 0, 0, 0, 0, 0));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q), _mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2)));
+    u.d = load_fp16(blk);
+    u.m = 0;
+  }
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_unpacked(const Unpacked& u, __m256i x, int32_t sx,
+                                                                            float dx, __m256& acc) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q));
+    const __m256i isum = _mm256_sub_epi32(dot(q, x), _mm256_setr_epi32(16 * sx, 0, 0, 0, 0, 0, 0, 0));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * dx), _mm256_cvtepi32_ps(isum), acc);
   }
 };
 

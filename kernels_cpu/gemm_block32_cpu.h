@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -95,6 +96,22 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i fifth_bits(const uint8_t
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+// Prefill: from kBufferRows x rows on, a tile's blocks are unpacked once per thread
+// (Format::unpack, where a format has one: its 32 unsigned quants and its scales as float) and every
+// x row reads them from there (Format::accumulate_unpacked), with the integer dots and float steps
+// of Format::accumulate, so a row of a batch keeps the bits of that row alone.
+constexpr int64_t kBufferRows = 4;
+
+struct Unpacked {
+  uint8_t q[kBlock];
+  float d, m;  // the block's scale and its min (Q4_1, Q5_1; unused by Q5_0)
+};
+
+template <class F, class = void>
+struct Unpacks : std::false_type {};
+template <class F>
+struct Unpacks<F, std::void_t<decltype(&F::unpack)>> : std::true_type {};
+
 // Rows [j0, j1) of W against all m rows of x, four rows at a time.
 template <class Format>
 __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const Block32X& xq, int64_t m, const WeightView& w,
@@ -102,17 +119,62 @@ __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const Block32X& x
   const int64_t k = w.cols, n = w.rows, blocks = k / kBlock;
   const size_t row_bytes = size_t(blocks * Format::kBytes);
   const auto* base = static_cast<const uint8_t*>(w.data);
+  const bool packed = (w.kernel_variant & kQuantTilesPacked) != 0;
   for (int64_t j = j0; j < j1; j += kRowsPerTile) {
     const int64_t rows = std::min(kRowsPerTile, j1 - j);
+    const uint8_t* start = base + size_t(j) * row_bytes;
+    if constexpr (Unpacks<Format>::value) {
+      if (m >= kBufferRows) {
+        const bool tile = packed && rows == kRowsPerTile;
+        thread_local std::vector<Unpacked> buf;
+        buf.resize(size_t(blocks * kRowsPerTile));
+        for (int64_t b = 0; b < blocks; ++b) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t* blk = tile ? start + size_t((b * kRowsPerTile + r) * Format::kBytes)
+                                      : start + size_t(r) * row_bytes + size_t(b * Format::kBytes);
+            Format::unpack(blk, buf[size_t(b * kRowsPerTile + r)]);
+          }
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          __m256 acc[kRowsPerTile];
+          for (auto& a : acc) a = _mm256_setzero_ps();
+          for (int64_t b = 0; b < blocks; ++b) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + i * k + b * kBlock));
+            const int32_t sx = xq.sum[size_t(i * blocks + b)];
+            const float dx = xq.d[size_t(i * blocks + b)];
+            for (int64_t r = 0; r < rows; ++r) {
+              Format::accumulate_unpacked(buf[size_t(b * kRowsPerTile + r)], x, sx, dx, acc[r]);
+            }
+          }
+          for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
+        }
+        continue;
+      }
+    }
     for (int64_t i = 0; i < m; ++i) {
       __m256 acc[kRowsPerTile];
       for (auto& a : acc) a = _mm256_setzero_ps();
+      if (packed && rows == kRowsPerTile) {
+        // A whole tile stored block-interleaved (prepare_weight_quant_tiles): one stream, read in
+        // order, prefetched a line per step ahead (a step is 72-96 bytes).
+        for (int64_t b = 0; b < blocks; ++b) {
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + i * k + b * kBlock));
+          const int32_t sx = xq.sum[size_t(i * blocks + b)];
+          const float dx = xq.d[size_t(i * blocks + b)];
+          const uint8_t* blk = start + size_t(b * kRowsPerTile * Format::kBytes);
+          _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + 64, _MM_HINT_T0);
+          for (int64_t r = 0; r < kRowsPerTile; ++r) Format::accumulate(blk + r * Format::kBytes, x, sx, dx, acc[r]);
+        }
+        for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
+        continue;
+      }
       for (int64_t b = 0; b < blocks; ++b) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + i * k + b * kBlock));
         const int32_t sx = xq.sum[size_t(i * blocks + b)];
         const float dx = xq.d[size_t(i * blocks + b)];
         for (int64_t r = 0; r < rows; ++r) {
-          const uint8_t* blk = base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes);
+          const uint8_t* blk = start + size_t(r) * row_bytes + size_t(b * Format::kBytes);
           // Four rows a block at a time defeat the hardware prefetcher: each row's bytes ahead.
           if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
           Format::accumulate(blk, x, sx, dx, acc[r]);

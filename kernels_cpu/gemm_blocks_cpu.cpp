@@ -121,11 +121,7 @@ void gemm_rows(const BlockActivations& x, int64_t m, const WeightView& w, int64_
 }  // namespace
 
 bool has_avx2_f16c() {
-  static const bool value = [] {
-    __builtin_cpu_init();
-    return has_avx2() && __builtin_cpu_supports("f16c");
-  }();
-  return value;
+  return has_f16c();  // AVX2 and F16C (unpack_row_cpu.cpp)
 }
 
 void prepare_weight_blocks(WeightView& w) {

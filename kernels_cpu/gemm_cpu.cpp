@@ -212,6 +212,11 @@ bool gemm_supports(DType dtype) {
     case DType::Q5_K:
     case DType::IQ4_NL:
     case DType::IQ4_XS:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
     case DType::I8:
     case DType::I4: return true;
     default: return false;
@@ -222,6 +227,9 @@ void prepare_weight(WeightView& w) {
   if (w.dtype == DType::F32) prepare_weight_f32(w);
   if (w.dtype == DType::I8) prepare_weight_i8(w);
   if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) prepare_weight_blocks(w);
+  if (gemm_kquant_supports(w) || gemm_kquant_more_supports(w) || gemm_block32_supports(w) || gemm_iq4_supports(w)) {
+    prepare_weight_quant_tiles(w);
+  }
   if (w.dtype == DType::I4) prepare_weight_i4(w);
 }
 
@@ -237,6 +245,7 @@ void gemm(const float* x, int64_t m, const WeightView& w, float* y) {
   if (gemm_kquant_more_supports(w)) return gemm_kquant_more(x, m, w, y);
   if (gemm_block32_supports(w)) return gemm_block32(x, m, w, y);
   if (gemm_iq4_supports(w)) return gemm_iq4(x, m, w, y);
+  if (gemm_iq23_supports(w)) return gemm_iq23(x, m, w, y);
   if (m <= 0) return;
   if (w.dtype == DType::F32) {
     // Packed panels first; the rows after the last full panel are row-major (few, one thread).

@@ -7,6 +7,7 @@
 // B tile, 16 rows of 64 bytes one after another. x's rows load as A tiles straight from the
 // quantized rows (stride k); a partial last block of rows is first copied into zero rows.
 // The same exact int32 dots as the AVX2 and VNNI tiles, scaled by the same epilogue: the same bits.
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -57,8 +58,10 @@ void store_block(const int32_t* acc, const float* sx, const float* scales, int64
 bool amx_int8_usable() {
   static const bool value = [] {
     if (isa_cap() != IsaCap::none || !has_avx512_vnni()) return false;
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+    // CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), read directly: clang before 16 has no
+    // "amx-*" for __builtin_cpu_supports.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & (3u << 24)) != (3u << 24)) return false;
     // Linux hands out the tile registers' state only on request (ARCH_REQ_XCOMP_PERM for
     // XFEATURE_XTILEDATA), once for the process; where it refuses, AMX is not used.
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;

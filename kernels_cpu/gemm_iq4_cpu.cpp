@@ -11,6 +11,9 @@
 
 namespace tessera::cpu {
 
+// prepare_weight_quant_tiles packs one tile size for both walks.
+static_assert(block32::kRowsPerTile == kquant::kRowsPerTile);
+
 namespace {
 
 // The levels of 32 nibbles (elements in order, see block32::nibbles) times x, as int32 lanes of

@@ -27,6 +27,18 @@ using namespace kquant;
 // bytes whose 32-byte chunk c holds sub-block 2c in its low nibbles and 2c+1 in its high ones.
 struct Q4K {
   static constexpr int64_t kBytes = 144;
+  static constexpr int kBiasShift = 0;
+
+  // For prefill (gemm_kquant_cpu.h): chunk 2c the low nibbles of bytes 16 + 32c.., 2c+1 the high.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    unpack_k4_scales(blk, u);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * c), _mm256_and_si256(q, low));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), low));
+    }
+  }
 
   // acc[r] (8 lanes) += d·dx·Σ_j sc_j·Σ q·xq  -  dmin·dx·Σ_j m_j·Σ xq over one super-block of each of
   // kRows rows (blk[r]), which share the activation loads.
@@ -77,6 +89,28 @@ struct Q4K {
 // 64h + 32(i % 2).. with bit pair i of the high bytes on top.
 struct Q6K {
   static constexpr int64_t kBytes = 210;
+  static constexpr int kBiasShift = 5;
+
+  // For prefill: quarter i of half h is chunk 4h + i; each piece's scale is also its bias term.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    for (int p = 0; p < int(kSuper / kPiece); ++p) u.mn[p] = int8_t(blk[192 + p]);
+    spread_scales(u.mn, u);
+    u.d = load_fp16(blk + 208);
+    u.dmin = 0;
+    const __m256i low = _mm256_set1_epi8(0x0f), bits45 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), _mm256_and_si256(qh, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45))};
+      for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * i), q[i]);
+    }
+  }
 
   template <int kRows>
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
@@ -124,6 +158,26 @@ struct Q6K {
 };
 
 }  // namespace
+
+void prepare_weight_quant_tiles(WeightView& w) {
+  // The AVX2 kernels of every supported variant read the tiles; a view is packed once.
+  if (!simd_kernel(w.kernel_variant) || (w.kernel_variant & kQuantTilesPacked) != 0) return;
+  const size_t row_bytes = dtype_row_bytes(w.dtype, w.cols);
+  const size_t bb = dtype_block_bytes(w.dtype);
+  const size_t blocks = row_bytes / bb;
+  auto* data = static_cast<uint8_t*>(const_cast<void*>(w.data));
+  std::vector<uint8_t> rows(size_t(kRowsPerTile) * row_bytes);
+  for (int64_t j = 0; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
+    uint8_t* tile = data + size_t(j) * row_bytes;
+    std::memcpy(rows.data(), tile, rows.size());
+    for (size_t b = 0; b < blocks; ++b) {
+      for (size_t r = 0; r < size_t(kRowsPerTile); ++r) {
+        std::memcpy(tile + (b * kRowsPerTile + r) * bb, rows.data() + r * row_bytes + b * bb, bb);
+      }
+    }
+  }
+  w.kernel_variant |= kQuantTilesPacked;
+}
 
 bool gemm_kquant_supports(const WeightView& w) {
   return (w.dtype == DType::Q4_K || w.dtype == DType::Q6_K) && w.cols % kSuper == 0 && has_f16c();

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels_cpu.h"
@@ -93,6 +94,73 @@ __attribute__((target("avx2,fma,f16c"))) inline void scales_mins_k4(const uint8_
   mn = _mm_setr_epi32(int(w[1] & six), int(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
 }
 
+// Prefill: from kBufferRows x rows on, a tile's super-blocks are first unpacked once per thread
+// (Format::unpack, where a format has one) and every x row reads them from there: the bit and
+// nibble work is done once per tile instead of once per x row, leaving each x row one vpmaddubsw,
+// one vpmaddwd and one add per 32 elements. The integer lane sums are those of the format's
+// accumulate and the float steps the same, so a row of a batch keeps the bits of that row alone.
+constexpr int64_t kBufferRows = 4;
+
+// One row's super-block as Format::unpack leaves it: the quants unsigned in element order; per
+// 32-element chunk its pieces' scales as vpmaddubsw's 16 sums take them (8 x the first piece's, 8
+// x the second's); per piece the term taken off: the min (kBiasShift 0: d·Σ sc·Σq·x - dmin·Σ mn·S)
+// or the scale (kBiasShift s: d·(Σ sc·Σq·x - 2^s·Σ mn·S)).
+struct Unpacked {
+  uint8_t q[kSuper];
+  int16_t sc[kSuper / 32][16];
+  int16_t mn[kSuper / kPiece];
+  float d, dmin;
+};
+
+template <class F, class = void>
+struct Unpacks : std::false_type {};
+template <class F>
+struct Unpacks<F, std::void_t<decltype(&F::unpack)>> : std::true_type {};
+
+// Chunk c's scale vector from the sixteen per-piece scales.
+inline void spread_scales(const int16_t* piece, Unpacked& u) {
+  for (int c = 0; c < int(kSuper / 32); ++c) {
+    for (int l = 0; l < 16; ++l) u.sc[c][l] = piece[2 * c + l / 8];
+  }
+}
+
+// acc += one super-block of x against u, as Format::accumulate adds it.
+template <int kBiasShift>
+__attribute__((target("avx2,fma,f16c"))) inline void accumulate_unpacked(const Unpacked& u, const int8_t* xq,
+                                                                       const int16_t* sums, float dx, __m256& acc) {
+  __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int c = 0; c < int(kSuper / 32); ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + 32 * c));
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
+    const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.sc[c]));
+    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
+  }
+  const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.mn)),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+  if constexpr (kBiasShift > 0) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * dx),
+                          _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, _mm256_slli_epi32(msum, kBiasShift))), acc);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * dx), _mm256_cvtepi32_ps(isum), acc);
+    acc = _mm256_fnmadd_ps(_mm256_set1_ps(u.dmin * dx), _mm256_cvtepi32_ps(msum), acc);
+  }
+}
+
+// Q4_K and Q5_K's d, dmin and 6-bit scales and mins (per 32 elements) into u.
+__attribute__((target("avx2,fma,f16c"))) inline void unpack_k4_scales(const uint8_t* blk, Unpacked& u) {
+  __m128i sc8, mn8;
+  scales_mins_k4(blk + 4, sc8, mn8);
+  uint8_t sc[16], mn[16];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), sc8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(mn), mn8);
+  int16_t piece[kSuper / kPiece];
+  for (int p = 0; p < int(kSuper / kPiece); ++p) piece[p] = sc[p / 2], u.mn[p] = mn[p / 2];
+  spread_scales(piece, u);
+  u.d = load_fp16(blk);
+  u.dmin = load_fp16(blk + 2);
+}
+
 // Rows [j0, j1) of W against all m rows of x, four rows at a time.
 template <class Format>
 __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq, int64_t m, const WeightView& w,
@@ -100,8 +168,40 @@ __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq
   const int64_t k = w.cols, n = w.rows, supers = k / kSuper;
   const size_t row_bytes = size_t(supers * Format::kBytes);
   const auto* base = static_cast<const uint8_t*>(w.data);
+  const bool packed = (w.kernel_variant & kQuantTilesPacked) != 0;
   for (int64_t j = j0; j < j1; j += kRowsPerTile) {
     const int64_t rows = std::min(kRowsPerTile, j1 - j);
+    // A whole tile is stored block-interleaved where the view is packed (prepare_weight_quant_tiles):
+    // one sequential stream; a last partial tile stays row-major.
+    const bool tile = packed && rows == kRowsPerTile;
+    const uint8_t* start = base + size_t(j) * row_bytes;
+    auto block_at = [&](int64_t r, int64_t b) {
+      return tile ? start + size_t((b * kRowsPerTile + r) * Format::kBytes)
+                  : start + size_t(r) * row_bytes + size_t(b * Format::kBytes);
+    };
+    if constexpr (Unpacks<Format>::value) {
+      if (m >= kBufferRows) {
+        thread_local std::vector<Unpacked> buf;
+        buf.resize(size_t(supers * kRowsPerTile));
+        for (int64_t b = 0; b < supers; ++b) {
+          for (int64_t r = 0; r < rows; ++r) Format::unpack(block_at(r, b), buf[size_t(b * kRowsPerTile + r)]);
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          __m256 acc[kRowsPerTile];
+          for (auto& a : acc) a = _mm256_setzero_ps();
+          for (int64_t b = 0; b < supers; ++b) {
+            const int8_t* x = xq.q.data() + i * k + b * kSuper;
+            const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
+            const float dx = xq.d[size_t(i * supers + b)];
+            for (int64_t r = 0; r < rows; ++r) {
+              accumulate_unpacked<Format::kBiasShift>(buf[size_t(b * kRowsPerTile + r)], x, sums, dx, acc[r]);
+            }
+          }
+          for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
+        }
+        continue;
+      }
+    }
     for (int64_t i = 0; i < m; ++i) {
       __m256 acc[kRowsPerTile];
       for (auto& a : acc) a = _mm256_setzero_ps();
@@ -110,12 +210,21 @@ __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq
         const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
         const float dx = xq.d[size_t(i * supers + b)];
         const uint8_t* blk[kRowsPerTile];
-        for (int64_t r = 0; r < rows; ++r) blk[r] = base + size_t(j + r) * row_bytes + size_t(b * Format::kBytes);
-        // The hardware prefetcher does not follow four rows read a super-block at a time: each
-        // row's bytes a few KiB ahead (the tiles after this one, rows being contiguous).
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t line = 0; line < Format::kBytes; line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(blk[r]) + kPrefetchBytes + line, _MM_HINT_T0);
+        if (tile) {
+          for (int64_t r = 0; r < kRowsPerTile; ++r) blk[r] = start + size_t((b * kRowsPerTile + r) * Format::kBytes);
+          // The stream a few KiB ahead: the hardware prefetcher starts late on each thread's run.
+          const char* ahead = reinterpret_cast<const char*>(blk[0]) + kPrefetchBytes;
+          for (int64_t line = 0; line < kRowsPerTile * Format::kBytes; line += 64) {
+            _mm_prefetch(ahead + line, _MM_HINT_T0);
+          }
+        } else {
+          for (int64_t r = 0; r < rows; ++r) blk[r] = start + size_t(r) * row_bytes + size_t(b * Format::kBytes);
+          // The hardware prefetcher does not follow four rows read a super-block at a time: each
+          // row's bytes a few KiB ahead (the tiles after this one, rows being contiguous).
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t line = 0; line < Format::kBytes; line += 64) {
+              _mm_prefetch(reinterpret_cast<const char*>(blk[r]) + kPrefetchBytes + line, _MM_HINT_T0);
+            }
           }
         }
         if (rows == kRowsPerTile) {

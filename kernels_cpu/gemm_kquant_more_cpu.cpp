@@ -30,6 +30,24 @@ struct HalfScales {
 // 128h + 32s + l in bits 2s of byte 32h + l), fp16 d, fp16 dmin.
 struct Q2K {
   static constexpr int64_t kBytes = 84;
+  static constexpr int kBiasShift = 0;
+
+  // For prefill (gemm_kquant_cpu.h): quarter s of half h is chunk 4h + s.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    int16_t piece[kSuper / kPiece];
+    for (int p = 0; p < int(kSuper / kPiece); ++p) piece[p] = blk[p] & 0x0f, u.mn[p] = blk[p] >> 4;
+    spread_scales(piece, u);
+    u.d = load_fp16(blk + 80);
+    u.dmin = load_fp16(blk + 82);
+    const __m256i two = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * s),
+                            _mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two));
+      }
+    }
+  }
 
   template <int kRows>
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
@@ -65,6 +83,28 @@ struct Q2K {
 // of 2-bit quants (as Q2_K), 12 bytes of 6-bit scales, fp16 d.
 struct Q3K {
   static constexpr int64_t kBytes = 110;
+  static constexpr int kBiasShift = 2;
+
+  // For prefill: quarter s of half h is chunk 4h + s; each piece's scale is also its bias term.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    int8_t sc[16];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), scales(blk + 96));
+    for (int p = 0; p < int(kSuper / kPiece); ++p) u.mn[p] = sc[p];
+    spread_scales(u.mn, u);
+    u.d = load_fp16(blk + 108);
+    u.dmin = 0;
+    const __m256i two = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        const __m256i bit = _mm256_set1_epi8(char(1 << (4 * h + s)));
+        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * s),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two), high));
+      }
+    }
+  }
 
   template <int kRows>
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
@@ -115,6 +155,24 @@ struct Q3K {
 // 2c of fifth-bit byte l (elements 64c + l) and its high nibble with bit 2c + 1 (64c + 32 + l).
 struct Q5K {
   static constexpr int64_t kBytes = 176;
+  static constexpr int kBiasShift = 0;
+
+  // For prefill: chunk 2c the low nibbles of bytes 48 + 32c.. with fifth bit 2c, 2c+1 the high
+  // nibbles with bit 2c + 1.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, Unpacked& u) {
+    unpack_k4_scales(blk, u);
+    const __m256i low = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i bit0 = _mm256_set1_epi8(char(1 << (2 * c))), bit1 = _mm256_set1_epi8(char(2 << (2 * c)));
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * c));
+      const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit0), bit0), sixteen);
+      const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit1), bit1), sixteen);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * c), _mm256_or_si256(_mm256_and_si256(q, low), h0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 64 * c + 32),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), h1));
+    }
+  }
 
   template <int kRows>
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blk, const int8_t* xq,

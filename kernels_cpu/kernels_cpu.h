@@ -130,6 +130,15 @@ bool gemm_block32_supports(const WeightView& w);
 void gemm_block32(const float* x, int64_t m, const WeightView& w, float* y);
 bool gemm_iq4_supports(const WeightView& w);
 void gemm_iq4(const float* x, int64_t m, const WeightView& w, float* y);
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (gemm_iq23_cpu.cpp), likewise.
+bool gemm_iq23_supports(const WeightView& w);
+void gemm_iq23(const float* x, int64_t m, const WeightView& w, float* y);
+// Backend::prepare_weight for the formats above (gemm_kquant_cpu.cpp): whole 4-row tiles stored
+// block-interleaved (row 0 block 0, row 1 block 0, ..., row 3 block 0, row 0 block 1, ...), the
+// file's blocks unchanged, so a thread streams its rows as one run of memory; the view is marked
+// with kQuantTilesPacked. Only where the AVX2 kernels above run.
+inline constexpr int32_t kQuantTilesPacked = 1 << 8;  // kernel_variant flag
+void prepare_weight_quant_tiles(WeightView& w);
 // Backend::prepare_weight: the layouts the gemms above stream fastest (see each kernel's file).
 void prepare_weight(WeightView& w);
 void prepare_weight_i8(WeightView& w);

@@ -3,6 +3,7 @@
 // portable dequantize_row. Q8_0, Q4_0, Q4_K and Q6_K have integer-dot kernels (gemm_q8_0_cpu.cpp,
 // gemm_q4_0_cpu.cpp, gemm_kquant_cpu.cpp) and are not unpacked where those run. Packing (f32 to
 // f16/bf16) is the KV cache's store.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -15,8 +16,9 @@ namespace tessera::cpu {
 
 bool has_f16c() {
   static const bool value = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") && has_avx2();
+    // CPUID.1:ECX bit 29, read directly: clang before 16 has no "f16c" for __builtin_cpu_supports.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0 && has_avx2();
   }();
   return value;
 }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "iq_tables.h"
 #include "kernels_gpu.h"
 #include "launch_queue.h"
 #include "tessera/error.h"
@@ -97,6 +98,21 @@ bool gemm_dtype(DType t) {
     case DType::BF16:
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::IQ4_NL:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::IQ4_XS:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S:
     case DType::I8:
     case DType::I4: return true;
     default: return false;
@@ -132,6 +148,14 @@ class GpuBackend final : public Backend {
     void* dev = nullptr;
     check(cudaHostGetDevicePointer(&dev, host, 0), TESSERA_GPU_API "HostGetDevicePointer");
     status_dev_ = static_cast<DeviceStatus*>(dev);
+    // The IQ2/IQ3 codebooks (17 KiB), read by the kernels of those weight types.
+    const std::vector<uint64_t> tables = iq_table_bytes();
+    void* table_dev = nullptr;
+    check(cudaMalloc(&table_dev, tables.size() * 8), TESSERA_GPU_API "Malloc");
+    iq_tables_ = static_cast<const uint8_t*>(table_dev);
+    check(cudaMemcpyAsync(table_dev, tables.data(), tables.size() * 8, cudaMemcpyHostToDevice, stream_),
+          "copy of the IQ codebooks");
+    check(cudaStreamSynchronize(stream_), "copy of the IQ codebooks");
 #if defined(TESSERA_HIP)
     graphs = false;  // not captured on HIP (launch_queue.h)
 #else
@@ -152,6 +176,7 @@ class GpuBackend final : public Backend {
     for (Scratch* s : {&act_, &wexp_, &aux_, &attn_, &acc_, &rope_table_}) {
       if (s->ptr != nullptr) (void)cudaFree(s->ptr);
     }
+    if (iq_tables_ != nullptr) (void)cudaFree(const_cast<uint8_t*>(iq_tables_));
     if (status_host_ != nullptr) (void)cudaFreeHost(status_host_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
@@ -463,7 +488,7 @@ class GpuBackend final : public Backend {
   }
 
   GpuWeight to_gpu(const WeightView& w, const char* op) const {
-    GpuWeight g{w.data, WFormat::f32, w.rows, w.cols, w.scales, w.zeros, w.group_size};
+    GpuWeight g{w.data, WFormat::f32, w.rows, w.cols, w.scales, w.zeros, w.group_size, iq_tables_};
     switch (w.dtype) {
       case DType::F32: g.format = WFormat::f32; break;
       case DType::F16: g.format = WFormat::f16; break;
@@ -471,6 +496,21 @@ class GpuBackend final : public Backend {
       case DType::Q8_0: g.format = WFormat::q8_0; break;
       case DType::Q4_0: g.format = WFormat::q4_0; break;
       case DType::I4: g.format = WFormat::i4; break;
+      case DType::Q4_1: g.format = WFormat::q4_1; break;
+      case DType::Q5_0: g.format = WFormat::q5_0; break;
+      case DType::Q5_1: g.format = WFormat::q5_1; break;
+      case DType::IQ4_NL: g.format = WFormat::iq4_nl; break;
+      case DType::Q2_K: g.format = WFormat::q2_k; break;
+      case DType::Q3_K: g.format = WFormat::q3_k; break;
+      case DType::Q4_K: g.format = WFormat::q4_k; break;
+      case DType::Q5_K: g.format = WFormat::q5_k; break;
+      case DType::Q6_K: g.format = WFormat::q6_k; break;
+      case DType::IQ4_XS: g.format = WFormat::iq4_xs; break;
+      case DType::IQ2_XXS: g.format = WFormat::iq2_xxs; break;
+      case DType::IQ2_XS: g.format = WFormat::iq2_xs; break;
+      case DType::IQ2_S: g.format = WFormat::iq2_s; break;
+      case DType::IQ3_XXS: g.format = WFormat::iq3_xxs; break;
+      case DType::IQ3_S: g.format = WFormat::iq3_s; break;
       default: unsupported(op, w.dtype);
     }
     (void)dtype_row_bytes(w.dtype, w.cols);  // throws for a row that is not whole blocks
@@ -587,6 +627,7 @@ class GpuBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   DeviceStatus* status_host_ = nullptr;
   DeviceStatus* status_dev_ = nullptr;
+  const uint8_t* iq_tables_ = nullptr;  // gguf::IqTables in device memory
   Scratch act_;   // quantized or half activations
   Scratch wexp_;  // a weight expanded to f16 for the vendor BLAS
   Scratch aux_;   // block-score key means

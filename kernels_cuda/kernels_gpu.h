@@ -27,8 +27,14 @@ constexpr int32_t kStatusOk = 0;
 constexpr int32_t kStatusBadToken = 1;
 constexpr int32_t kStatusBadSlot = 2;
 
-// Weight layouts the GPU kernels read (see tessera/tensor.h and dtype.h for the bytes).
-enum class WFormat : int32_t { f32, f16, bf16, q8_0, q4_0, i4 };
+// Weight layouts the GPU kernels read (see tessera/tensor.h and dtype.h for the bytes; the GGUF
+// blocks past q4_0 are decoded by kernels/gguf_blocks.cuh).
+enum class WFormat : int32_t {
+  f32, f16, bf16, q8_0, q4_0, i4,
+  q4_1, q5_0, q5_1, iq4_nl,          // blocks of 32
+  q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs,  // super-blocks of 256
+  iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s  // grid super-blocks of 256 (read iq_tables)
+};
 
 struct GpuWeight {
   const void* data;
@@ -38,6 +44,7 @@ struct GpuWeight {
   const float* scales;  // i4: [rows][cols / group_size]
   const float* zeros;   // i4 asymmetric, or null (symmetric: zero point 8)
   int64_t group_size;   // i4 (> 0)
+  const uint8_t* iq_tables;  // the grid formats: codebooks and signs laid out as gguf::IqTables
 };
 
 // Bytes of one row of `cols` elements.
@@ -120,7 +127,7 @@ void rope(float* x, int64_t n_heads, float* x2, int64_t n_heads2, const int32_t*
 void fill_rope_table(float* table, int64_t positions, int64_t rope_dim, float theta, cudaStream_t stream);
 void softmax(float* x, int64_t rows, int64_t cols, cudaStream_t stream);
 void argmax(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
-// Rows of a f32/f16/bf16/q8_0/q4_0 table; an id outside [0, rows) is recorded in status.
+// Rows of a table of any WFormat but i4; an id outside [0, rows) is recorded in status.
 void embedding(const GpuWeight& table, const int32_t* ids, int64_t n, float* out, DeviceStatus* status,
                cudaStream_t stream);
 

@@ -28,6 +28,7 @@ void LaunchKey::put_struct(const GpuWeight& w) {
   put(w.scales);
   put(w.zeros);
   put(w.group_size);
+  put(w.iq_tables);
 }
 
 void LaunchKey::put_struct(const KvPools& kv) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared device check for the CUDA backend (sized to finish within 8 minutes on an H200):
 # builds, runs the GPU tests (every op against the CPU backend, golden stories260K tokens on the
-# device), then prints one short table: op correctness; single-stream and 64-concurrent decode on a
+# device), then prints one short table: op correctness, and gemm and embedding per weight type (float,
+# int4, every GGUF block type); single-stream and 64-concurrent decode on a
 # synthetic `1b` model in f16 and int8; device copy bandwidth and the decode figure as a share of that
 # roofline; prefill TFLOP/s against the measured GEMM ceiling (cuBLAS through the backend).
 #
@@ -156,6 +157,19 @@ echo
 echo "================ tessera gpu_check ($(elapsed)) ================"
 printf "%-34s %s\n" "gpu_backend_tests (ops, golden)" "$(summary "$LOGS/gpu_tests.json") (exit $GPU_RC)"
 printf "%-34s %s\n" "conformance_tests (cuda)" "$(summary "$LOGS/conformance.json") (exit $CONF_RC)"
+python3 - "$LOGS/gpu_tests.json" <<'PY' 2>/dev/null  # per weight type, as gpu_backend_tests records them
+import json, sys
+gemm, emb = {}, {}
+for suite in json.load(open(sys.argv[1])).get("testsuites", []):
+    for t in suite.get("testsuite", []):
+        for k, v in t.items():
+            if k.startswith("gemm_"): gemm[k[5:]] = v
+            elif k.startswith("embedding_"): emb[k[10:]] = v
+names = list(dict.fromkeys(list(gemm) + list(emb)))
+if names:
+    print(f"{'weight type':<14}{'gemm':<8}embedding")
+    for n in names: print(f"  {n:<12}{gemm.get(n, '-'):<8}{emb.get(n, '-')}")
+PY
 sed -n '/^measurement/,$p' "$LOGS/gpu_bench.log"
 (( BENCH_RC != 0 )) && { echo "gpu_bench failed (exit $BENCH_RC):"; tail -20 "$LOGS/gpu_bench.log"; }
 if [[ ${TESSERA_GPU_PROFILE:-0} == 1 ]]; then

@@ -21,6 +21,9 @@ if [ "$mode" = all ]; then
   # (/usr/bin/python3 with Jinja2 and NumPy); chromium renders the bench report's HTML in a test.
   packages+=(libgtest-dev libgmock-dev libbenchmark-dev hipcc libamdhip64-dev
              python3 python3-jinja2 python3-numpy chromium)
+  # The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang with its sanitizer
+  # runtimes and libFuzzer (libclang-rt-14-dev), and its OpenMP runtime with Archer (libomp-14-dev).
+  packages+=(clang-14 libclang-rt-14-dev libomp-14-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do

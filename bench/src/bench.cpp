@@ -87,7 +87,7 @@ std::string unique_name(const std::string& file, const std::vector<PipelineRun>&
   return candidate;
 }
 
-std::string read_text(const std::string& path) { return read_file(path, "accuracy text"); }
+std::string read_text(const std::string& path) { return read_file(path, "accuracy text", kTextInputLimits); }
 
 // Perplexity, KL divergence, teacher-forced and greedy agreement of every pipeline against the
 // reference, through the eval path (compare_with_baseline: both pipelines chunk by chunk). Each

@@ -20,7 +20,7 @@ class TextSource {
   TextSource(const Workload& w, const Tokenizer& tok) {
     if (w.prompts.from_file) {
       try {
-        stream_ = tok.encode(read_file(w.prompts.path, "prompt text file"), false);
+        stream_ = tok.encode(read_file(w.prompts.path, "prompt text file", kTextInputLimits), false);
       } catch (const Error& e) {
         throw Error(w.path + ": " + e.what());
       }

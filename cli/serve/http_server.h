@@ -1,4 +1,4 @@
-// `tessera serve`: the OpenAI-compatible HTTP API on cpp-httplib.
+// `tessera serve`: the OpenAI-compatible HTTP API, on the Boost.Beast transport (http_transport.h).
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true answers with SSE chunks, then [DONE])
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
@@ -7,8 +7,9 @@
 // probes carry no key). Bad input gets an OpenAI-style JSON error naming the field, never a 500:
 // 400 (malformed JSON, wrong types, out-of-range values, prompts longer than the context), 404
 // (unknown route or model), 405, 413 (body over max_body_bytes), 429 with Retry-After (max_queue
-// requests in the server already), 503 while shutting down. A streaming client that disconnects
-// cancels its request, which frees its KV blocks.
+// requests in the server already; or more than max_connections_per_client connections), 408 (a
+// request not in within request_deadline), 503 while shutting down. A client that disconnects
+// cancels its request, queued or running, streaming or not, which frees its KV blocks.
 #pragma once
 
 #include <atomic>
@@ -16,7 +17,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,28 +27,36 @@
 #include "openai_request.h"
 #include "metrics.h"
 #include "serving_engine.h"
+#include "http_transport.h"
 #include "tessera/pipeline.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace tessera::serve {
 
-// HTTP threads beyond max_queue (server.http_threads >= max_queue + this): they answer /health,
-// /metrics and refusals while max_queue requests are generating.
+// Worker threads beyond max_queue (server.http_threads >= max_queue + this): they answer refusals
+// (429, 503) and /tokenize while max_queue requests are generating (/health and /metrics are
+// answered on the I/O threads).
 inline constexpr int64_t kSpareHttpThreads = 8;
+
+// A client's key: `name` says who it is in the logs, and under user_from_key in cache isolation.
+struct ApiKey {
+  std::string name;
+  std::string secret;
+};
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;  // empty = no key
+  std::vector<ApiKey> api_keys;  // empty = no key
+  // Derive the request's user (prefix-cache namespace, per-user metrics) from the key it
+  // authenticated with — "NAME", or "NAME/USER" when the request names a user — so that no client
+  // can claim another key's user and probe its cache through cached_tokens.
+  bool user_from_key = false;
   int64_t max_queue = 256;
   int64_t max_body_bytes = 1 << 20;
   double shutdown_deadline = 10;  // seconds
   int64_t http_threads = 264;
+  double request_deadline = 30;  // seconds for one request's headers and body
+  int64_t max_connections_per_client = 512;
   std::string model_name;  // the id clients send as "model"
   int64_t default_max_tokens = 256;
   std::string chat_template = "auto";  // see ChatTemplate::choose
@@ -67,13 +78,16 @@ class HttpServer {
  private:
   struct Stream;
   class Admission;
-  void routes();
-  void generate(Endpoint endpoint, const std::string& body, const httplib::Request& req, httplib::Response& res);
+  std::optional<HttpResponse> on_head(const HttpRequest& req);
+  const ApiKey* authenticated_key(const HttpRequest& req) const;  // nullptr: none, or a wrong one
+  std::optional<HttpResponse> handle(const HttpRequest& req, HttpConnection& conn);
+  HttpResponse get_route_answer(const HttpRequest& req);
+  std::optional<HttpResponse> generate(Endpoint endpoint, const HttpRequest& req, HttpConnection& conn);
   GenerationRequest build_request(const OpenAiRequest& r) const;
   void check_model(const std::string& model) const;
   nlohmann::json tokenize(const TokenizeRequest& r) const;
   nlohmann::json detokenize(const DetokenizeRequest& r) const;
-  void start_stream(std::shared_ptr<Stream> st, httplib::Response& res);
+  void stream(Stream& st, HttpConnection& conn);
   bool try_admit();
   void leave();
 
@@ -82,7 +96,7 @@ class HttpServer {
   ChatTemplate chat_;
   ServerConfig config_;
   ServerMetrics metrics_;
-  std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<HttpTransport> transport_;
   int64_t started_ = 0;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};

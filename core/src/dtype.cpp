@@ -29,6 +29,11 @@ std::string_view dtype_name(DType t) {
     case DType::Q5_K: return "q5_k";
     case DType::IQ4_NL: return "iq4_nl";
     case DType::IQ4_XS: return "iq4_xs";
+    case DType::IQ2_XXS: return "iq2_xxs";
+    case DType::IQ2_XS: return "iq2_xs";
+    case DType::IQ2_S: return "iq2_s";
+    case DType::IQ3_XXS: return "iq3_xxs";
+    case DType::IQ3_S: return "iq3_s";
   }
   return "?";
 }
@@ -47,7 +52,12 @@ int64_t dtype_block_elems(DType t) {
     case DType::Q2_K:
     case DType::Q3_K:
     case DType::Q5_K:
-    case DType::IQ4_XS: return 256;
+    case DType::IQ4_XS:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S: return 256;
     default: return 1;
   }
 }
@@ -72,6 +82,11 @@ size_t dtype_block_bytes(DType t) {
     case DType::Q5_K: return 2 + 2 + 12 + 32 + 128;
     case DType::IQ4_NL: return 2 + 16;
     case DType::IQ4_XS: return 2 + 2 + 4 + 128;
+    case DType::IQ2_XXS: return 2 + 64;
+    case DType::IQ2_XS: return 2 + 64 + 8;
+    case DType::IQ2_S: return 2 + 64 + 8 + 8;
+    case DType::IQ3_XXS: return 2 + 96;
+    case DType::IQ3_S: return 2 + 64 + 8 + 32 + 4;
   }
   return 0;
 }
@@ -197,6 +212,11 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q3_K:
     case DType::Q5_K:
     case DType::IQ4_XS: gguf_blocks::dequantize_superblock_row(t, s, dst, n); return;
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S: gguf_blocks::dequantize_iq23_row(t, s, dst, n); return;
     default: break;
   }
   throw Error("cannot convert " + std::string(dtype_name(t)) + " to f32");
@@ -241,7 +261,12 @@ int64_t first_non_finite_row(DType t, const void* data, int64_t rows, int64_t co
       // One fp16 scale first, or a scale and a min (dmin) after it.
       case DType::Q5_0:
       case DType::IQ4_NL:
-      case DType::IQ4_XS: bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00); break;
+      case DType::IQ4_XS:
+      case DType::IQ2_XXS:
+      case DType::IQ2_XS:
+      case DType::IQ2_S:
+      case DType::IQ3_XXS:
+      case DType::IQ3_S: bad = any_exponent_all_ones<uint16_t>(row, blocks, dtype_block_bytes(t), 0x7c00); break;
       case DType::Q4_1:
       case DType::Q5_1:
       case DType::Q5_K:

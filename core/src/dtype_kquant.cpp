@@ -72,10 +72,11 @@ void dequantize_q6_k(const uint8_t* src, float* dst, int64_t n) {
         const int q1 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
         const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
         const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * static_cast<float>(sc[is + 0] * q0);
-        y[l + 32] = d * static_cast<float>(sc[is + 2] * q1);
-        y[l + 64] = d * static_cast<float>(sc[is + 4] * q2);
-        y[l + 96] = d * static_cast<float>(sc[is + 6] * q3);
+        // (d·sc)·q in f32, ggml's order, so that values equal its dequantization bit for bit.
+        y[l] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q0);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q1);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q2);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q3);
       }
     }
   }

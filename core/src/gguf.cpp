@@ -74,7 +74,12 @@ std::optional<DType> dtype_from_ggml(uint32_t id) {
     case 12: return DType::Q4_K;
     case 13: return DType::Q5_K;
     case 14: return DType::Q6_K;
+    case 16: return DType::IQ2_XXS;
+    case 17: return DType::IQ2_XS;
+    case 18: return DType::IQ3_XXS;
     case 20: return DType::IQ4_NL;
+    case 21: return DType::IQ3_S;
+    case 22: return DType::IQ2_S;
     case 23: return DType::IQ4_XS;
     case 24: return DType::I8;
     case 26: return DType::I32;
@@ -478,7 +483,7 @@ void GgufFile::parse() {
       r.fail(type_at, field,
              "ggml type " + std::to_string(type_id) + (nm.empty() ? "" : " (" + std::string(nm) + ")") +
                  " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, "
-                 "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, I8, I32)");
+                 "Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, I8, I32)");
     }
     t.dtype = *dt;
     const int64_t block = dtype_block_elems(t.dtype);

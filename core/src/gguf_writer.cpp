@@ -111,6 +111,11 @@ uint32_t GgufWriter::ggml_type_id(DType t) {
     case DType::Q5_K: return 13;
     case DType::IQ4_NL: return 20;
     case DType::IQ4_XS: return 23;
+    case DType::IQ2_XXS: return 16;
+    case DType::IQ2_XS: return 17;
+    case DType::IQ3_XXS: return 18;
+    case DType::IQ3_S: return 21;
+    case DType::IQ2_S: return 22;
     case DType::I8: return 24;
     case DType::I32: return 26;
     case DType::BF16: return 30;

@@ -71,7 +71,9 @@ int64_t parse_size(std::string_view text) {
 
 namespace {
 
-std::string show(const nlohmann::json& v) { return v.dump(); }
+// A value as JSON for a message. Bytes that are not UTF-8 (a YAML string may hold any) are replaced:
+// the default dump throws nlohmann's type_error on them, which no caller expects (fuzz_pipeline).
+std::string show(const nlohmann::json& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 nlohmann::json coerce(const ParamSpec& spec, const nlohmann::json& v, const std::string& where) {
   auto fail = [&]() -> nlohmann::json {

@@ -53,7 +53,8 @@ void check_tensor_patterns(const ComponentSpec& c, const std::vector<std::string
     }
   }
   for (const auto& [param, pattern] : patterns) {
-    if (std::none_of(weights.begin(), weights.end(), [&](const std::string& w) { return tensor_matches(pattern, w); })) {
+    const std::string& pat = pattern;  // clang before 16 cannot capture a structured binding
+    if (std::none_of(weights.begin(), weights.end(), [&](const std::string& w) { return tensor_matches(pat, w); })) {
       throw Error((c.where.empty() ? "" : c.where + ": ") + "quantizer " + c.plugin + ": " + param + " pattern '" +
                   pattern + "' matches no weight of " + model + " (its " + std::to_string(weights.size()) +
                   " weights: " + weights.front() + " ... " + weights.back() + ")");
@@ -148,7 +149,15 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     const std::string what = e.what();
     throw Error(what.rfind(spec.model, 0) == 0 ? what : spec.model + ": " + what);  // name the file once
   }
-  p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
+  try {
+    p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
+  } catch (const Error& e) {
+    // A quantizer refusing a weight (a kernel this CPU lacks, a shape it cannot take) is a setting
+    // of the pipeline: name its line. The model's own errors already name the model file.
+    const std::string what = e.what();
+    const std::string& where = spec.components.at(ComponentKind::quantizer).where;
+    throw Error(what.rfind("quantizer", 0) == 0 && !where.empty() ? where + ": " + what : what);
+  }
   check_tensor_patterns(spec.components.at(ComponentKind::quantizer), p->model_->linear_names(), spec.model);
   const ModelConfig& mc = p->model_->config();
   if (p->tokenizer_->vocab_size() != mc.vocab) {

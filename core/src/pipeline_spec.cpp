@@ -1,7 +1,9 @@
 #include "tessera/pipeline_spec.h"
 
+#include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -80,7 +82,8 @@ nlohmann::json to_json(const YAML::Node& node) {
       try {
         size_t used = 0;
         const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
+        // inf and nan stay text: JSON has no such numbers (they would read back as null).
+        if (used == s.size() && std::isfinite(d)) return d;
       } catch (const std::exception&) {
       }
       return s;
@@ -142,16 +145,25 @@ void merge_component(ComponentSpec& base, ComponentSpec over) {
 PipelineSpec load_root(const std::string& path, const YAML::Node& root, const std::string& canon,
                        std::set<std::string>& chain);
 
+constexpr size_t kMaxExtendsDepth = 32;
+
 PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   std::error_code ec;
   const std::string canon = fs::weakly_canonical(path, ec).string();
   const std::string text = read_file(path, "pipeline file");
   if (chain.count(canon)) throw Error(path + ": 'extends' forms a cycle");
+  // Each level is a recursive call: a long chain would overflow the stack.
+  if (chain.size() >= kMaxExtendsDepth) {
+    throw Error(path + ": 'extends' chain is deeper than " + std::to_string(kMaxExtendsDepth) + " files");
+  }
   chain.insert(canon);
 
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it is "bad file"
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) +
+                ": YAML nested too deeply (lists or maps inside each other); a pipeline is a few levels deep");
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }
@@ -297,13 +309,21 @@ const std::vector<ParamSpec>& server_params() {
       {"host", ParamType::string, "127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)", {}},
       {"port", ParamType::integer, 8080, "TCP port (0 = any free port; the bound port is printed)", {}},
       {"api_key", ParamType::string, "", "clients must send 'Authorization: Bearer KEY' (empty = no key)", {}},
-      {"api_key_file", ParamType::string, "", "file holding the API key (first line)", {}},
+      {"api_key_file", ParamType::string, "",
+       "file of API keys, one per line: KEY or NAME KEY (# comments); any of them is accepted", {}},
+      {"user_from_key", ParamType::boolean, false,
+       "derive each request's user (prefix-cache isolation, per-user metrics) from the API key it used: NAME, or "
+       "NAME/USER when it names a user; clients can then not claim another key's user", {}},
       {"max_queue", ParamType::integer, 256, "requests in the server at once (running + waiting); more get 429", {}},
       {"max_body_bytes", ParamType::size, "1MiB", "largest request body; larger ones get 413", {}},
       {"shutdown_deadline", ParamType::number, 10.0,
        "seconds SIGTERM waits for in-flight requests before cancelling them", {}},
       {"http_threads", ParamType::integer, 264,
-       "connections served at once (a request holds one until answered): at least max_queue + 8", {}},
+       "threads that run requests (one holds a thread until answered): at least max_queue + 8", {}},
+      {"request_deadline", ParamType::number, 30.0,
+       "seconds a client has to send one request, headers and body (then 408 and the connection closes)", {}},
+      {"max_connections_per_client", ParamType::integer, 512,
+       "open connections per client address; more are refused with 429", {}},
       {"model_name", ParamType::string, "", "model id in /v1/models and responses (default: the file's stem)", {}},
       {"chat_template", ParamType::string, "auto",
        "auto (the GGUF's tokenizer.chat_template rendered as Jinja, else the default), jinja (that template or "
@@ -324,6 +344,8 @@ void check_server_value(const std::string& key, const nlohmann::json& value, con
                                  {"max_body_bytes", 1024, 1e12},
                                  {"shutdown_deadline", 0, 86400},
                                  {"http_threads", 1, 4096},
+                                 {"request_deadline", 1, 86400},
+                                 {"max_connections_per_client", 1, 1e6},
                                  {"default_max_tokens", 1, 1e9}};
   for (const Range& r : ranges) {
     if (key != r.key || !value.is_number()) continue;

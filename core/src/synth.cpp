@@ -264,6 +264,11 @@ uint32_t file_type(DType t) {
     case DType::Q5_K: return 16;
     case DType::IQ4_NL: return 25;
     case DType::IQ4_XS: return 30;
+    case DType::IQ2_XXS: return 19;
+    case DType::IQ2_XS: return 20;
+    case DType::IQ2_S: return 28;
+    case DType::IQ3_XXS: return 23;
+    case DType::IQ3_S: return 26;
     default: return 0;
   }
 }
@@ -353,7 +358,7 @@ void validate_synth_spec(const SynthSpec& s) {
   if (file_type(s.dtype) == 0 && s.dtype != DType::F32) {
     throw Error("synth: dtype " + std::string(dtype_name(s.dtype)) +
                 " is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, "
-                "q5_k, q6_k, iq4_nl, iq4_xs)");
+                "q5_k, q6_k, iq4_nl, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s)");
   }
   if (!s.recipe.empty() && synth_recipe_base(s.recipe) != s.dtype) {
     throw Error("synth: recipe " + s.recipe + " needs dtype " + std::string(dtype_name(synth_recipe_base(s.recipe))));

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../kernels_gpu.h"
+#include "gguf_blocks.cuh"
 
 namespace tessera::gpu {
 
@@ -85,6 +86,21 @@ __device__ inline float weight_element(const GpuWeight& w, const uint8_t* row, i
       const float zero = w.zeros != nullptr ? w.zeros[gi] : 8.0f;
       return (float(q) - zero) * w.scales[gi];
     }
+    case WFormat::q4_1: return gguf::row_element<gguf::Q4_1>(row, c);
+    case WFormat::q5_0: return gguf::row_element<gguf::Q5_0>(row, c);
+    case WFormat::q5_1: return gguf::row_element<gguf::Q5_1>(row, c);
+    case WFormat::iq4_nl: return gguf::row_element<gguf::Iq4Nl>(row, c);
+    case WFormat::q2_k: return gguf::row_element<gguf::Q2_K>(row, c);
+    case WFormat::q3_k: return gguf::row_element<gguf::Q3_K>(row, c);
+    case WFormat::q4_k: return gguf::row_element<gguf::Q4_K>(row, c);
+    case WFormat::q5_k: return gguf::row_element<gguf::Q5_K>(row, c);
+    case WFormat::q6_k: return gguf::row_element<gguf::Q6_K>(row, c);
+    case WFormat::iq4_xs: return gguf::row_element<gguf::Iq4Xs>(row, c);
+    case WFormat::iq2_xxs: return gguf::row_element<gguf::Iq2Xxs>(row, c, w.iq_tables);
+    case WFormat::iq2_xs: return gguf::row_element<gguf::Iq2Xs>(row, c, w.iq_tables);
+    case WFormat::iq2_s: return gguf::row_element<gguf::Iq2S>(row, c, w.iq_tables);
+    case WFormat::iq3_xxs: return gguf::row_element<gguf::Iq3Xxs>(row, c, w.iq_tables);
+    case WFormat::iq3_s: return gguf::row_element<gguf::Iq3S>(row, c, w.iq_tables);
   }
   return 0.0f;
 }

@@ -1,4 +1,4 @@
-// embedding: out[i] = table[ids[i]] as float, dequantizing f16/bf16/Q8_0/Q4_0 rows on the fly.
+// embedding: out[i] = table[ids[i]] as float, dequantizing f16/bf16 and GGUF block rows on the fly.
 #include "common.cuh"
 
 namespace tessera::gpu {

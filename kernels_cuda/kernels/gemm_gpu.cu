@@ -1,4 +1,5 @@
-// gemm: y[m][n] = x[m][k] · W[n][k]ᵀ for float, GGUF-block (Q8_0, Q4_0) and group-wise int4 weights.
+// gemm: y[m][n] = x[m][k] · W[n][k]ᵀ for float, GGUF-block (Q8_0, Q4_0 here; Q4_1, Q5_0, Q5_1, IQ4_NL,
+// Q2_K-Q6_K, IQ4_XS and the IQ2/IQ3 grid formats through gguf_blocks.cuh) and group-wise int4 weights.
 // The weight is unpacked in registers (never expanded to a float copy in memory):
 //   m <= kMaxM (decode): a warp per output feature streams its weight row once, in 16-byte (or
 //     whole-block) units, against all m activation rows — bound by weight bandwidth, as decode is.
@@ -17,6 +18,21 @@ int64_t weight_row_bytes(WFormat format, int64_t cols) {
     case WFormat::q8_0: return cols / 32 * 34;
     case WFormat::q4_0: return cols / 32 * 18;
     case WFormat::i4: return cols / 2;
+    case WFormat::q4_1: return cols / 32 * gguf::Q4_1::kBytes;
+    case WFormat::q5_0: return cols / 32 * gguf::Q5_0::kBytes;
+    case WFormat::q5_1: return cols / 32 * gguf::Q5_1::kBytes;
+    case WFormat::iq4_nl: return cols / 32 * gguf::Iq4Nl::kBytes;
+    case WFormat::q2_k: return cols / 256 * gguf::Q2_K::kBytes;
+    case WFormat::q3_k: return cols / 256 * gguf::Q3_K::kBytes;
+    case WFormat::q4_k: return cols / 256 * gguf::Q4_K::kBytes;
+    case WFormat::q5_k: return cols / 256 * gguf::Q5_K::kBytes;
+    case WFormat::q6_k: return cols / 256 * gguf::Q6_K::kBytes;
+    case WFormat::iq4_xs: return cols / 256 * gguf::Iq4Xs::kBytes;
+    case WFormat::iq2_xxs: return cols / 256 * gguf::Iq2Xxs::kBytes;
+    case WFormat::iq2_xs: return cols / 256 * gguf::Iq2Xs::kBytes;
+    case WFormat::iq2_s: return cols / 256 * gguf::Iq2S::kBytes;
+    case WFormat::iq3_xxs: return cols / 256 * gguf::Iq3Xxs::kBytes;
+    case WFormat::iq3_s: return cols / 256 * gguf::Iq3S::kBytes;
   }
   return 0;
 }
@@ -94,6 +110,33 @@ struct DecQ4_0 {
       out[2 * t + 16] = d * float((b0 >> 4) - 8);
       out[2 * t + 17] = d * float((b1 >> 4) - 8);
     }
+  }
+};
+
+// The other GGUF formats (gguf_blocks.cuh): 32 elements per unit, a whole block of 32 or one
+// sub-block of a super-block of 256 (whose scales each lane decodes for itself).
+template <class B>
+struct DecGguf {
+  static constexpr int kUnit = 32, kDepth = 1;
+  using Raw = const uint8_t*;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) {
+    return row + (u / (B::kElems / 32)) * B::kBytes;
+  }
+  __device__ static void decode(const GpuWeight&, Raw blk, int64_t, int64_t u, float* out) {
+    B::sub32(blk, int(u % (B::kElems / 32)), out);
+  }
+};
+
+// The grid formats: the same, reading the codebooks the weight points to.
+template <class B>
+struct DecIq {
+  static constexpr int kUnit = 32, kDepth = 1;
+  using Raw = const uint8_t*;
+  __device__ static Raw fetch(const GpuWeight&, const uint8_t* row, int64_t, int64_t u) {
+    return row + (u / 8) * B::kBytes;
+  }
+  __device__ static void decode(const GpuWeight& w, Raw blk, int64_t, int64_t u, float* out) {
+    B::sub32(blk, int(u % 8), out, w.iq_tables);
   }
 };
 
@@ -328,6 +371,7 @@ __global__ void gemm_tiled_kernel(const float* __restrict__ x, int64_t m, GpuWei
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+
 }  // namespace
 
 void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t stream) {
@@ -340,6 +384,8 @@ void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t 
     return;
   }
   // Vector units need whole units per row and 16-byte aligned rows (x rows too, for float4 loads).
+  // The GGUF formats past Q8_0/Q4_0 decode blocks of 32 (rows are whole blocks, checked by the
+  // backend) against aligned x only, each instance costing compile time; other x take DecScalar.
   const bool vx = aligned16(x) && k % 4 == 0;
   const bool vw = aligned16(w.data);
   switch (w.format) {
@@ -358,6 +404,51 @@ void gemm(const float* x, int64_t m, const GpuWeight& w, float* y, cudaStream_t 
       return vx ? launch_gemv<DecQ4_0, true>(x, m, w, y, stream) : launch_gemv<DecQ4_0, false>(x, m, w, y, stream);
     case WFormat::i4:
       if (vw && vx && k % 8 == 0 && w.group_size % 8 == 0) return launch_gemv<DecI4x8, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q4_1:
+      if (vx) return launch_gemv<DecGguf<gguf::Q4_1>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q5_0:
+      if (vx) return launch_gemv<DecGguf<gguf::Q5_0>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q5_1:
+      if (vx) return launch_gemv<DecGguf<gguf::Q5_1>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq4_nl:
+      if (vx) return launch_gemv<DecGguf<gguf::Iq4Nl>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q2_k:
+      if (vx) return launch_gemv<DecGguf<gguf::Q2_K>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q3_k:
+      if (vx) return launch_gemv<DecGguf<gguf::Q3_K>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q4_k:
+      if (vx) return launch_gemv<DecGguf<gguf::Q4_K>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q5_k:
+      if (vx) return launch_gemv<DecGguf<gguf::Q5_K>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::q6_k:
+      if (vx) return launch_gemv<DecGguf<gguf::Q6_K>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq4_xs:
+      if (vx) return launch_gemv<DecGguf<gguf::Iq4Xs>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq2_xxs:
+      if (vx) return launch_gemv<DecIq<gguf::Iq2Xxs>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq2_xs:
+      if (vx) return launch_gemv<DecIq<gguf::Iq2Xs>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq2_s:
+      if (vx) return launch_gemv<DecIq<gguf::Iq2S>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq3_xxs:
+      if (vx) return launch_gemv<DecIq<gguf::Iq3Xxs>, true>(x, m, w, y, stream);
+      break;
+    case WFormat::iq3_s:
+      if (vx) return launch_gemv<DecIq<gguf::Iq3S>, true>(x, m, w, y, stream);
       break;
   }
   launch_gemv<DecScalar, false>(x, m, w, y, stream);

@@ -24,4 +24,5 @@ set(TESSERA_GPU_KERNEL_HEADERS
   ${TESSERA_GPU_DIR}/vendor.h
   ${TESSERA_GPU_DIR}/kernels_gpu.h
   ${TESSERA_GPU_DIR}/kernels/common.cuh
+  ${TESSERA_GPU_DIR}/kernels/gguf_blocks.cuh
   ${TESSERA_GPU_DIR}/kernels/elementwise.cuh)

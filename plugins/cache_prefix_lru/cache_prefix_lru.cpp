@@ -112,14 +112,13 @@ class PrefixLruCache final : public Cache {
     for (Decision& d : *decisions) {
       const CacheRequest& r = *d.request;
       if (d.is_new) {
-        UserState& user = store_->user(r.user);
+        UserState& user = store_->open_user(r.user);
         Sequence s;
         s.user = &user;
-        s.insert_ns = store_->namespace_id(insert_namespace(r.user));
+        s.insert_ns = store_->acquire_namespace(insert_namespace(r.user));
         s.retain = retain_ && r.retain && private_users_.count(r.user) == 0;
         s.table = d.match.blocks;
         s.hashes = d.match.hashes;
-        ++user.live_seqs;
         if (!r.tokens.empty()) {
           const int64_t hit = int64_t(d.match.blocks.size()) * block_size_;
           for (PrefixStats* st : {&user.stats, &totals_}) {
@@ -200,7 +199,8 @@ class PrefixLruCache final : public Cache {
     // Last block first: a sequence's tail becomes least recently used, so eviction trims chains from
     // the end and their heads (the shared prefixes) survive longest.
     for (auto b = it->second.table.rbegin(); b != it->second.table.rend(); ++b) store_->release(*b);
-    --it->second.user->live_seqs;
+    store_->release_namespace(it->second.insert_ns);
+    store_->close_user(*it->second.user);
     seqs_.erase(it);
   }
 
@@ -235,7 +235,7 @@ class PrefixLruCache final : public Cache {
     s.prefix = totals_;
     s.prefix.cached_blocks = store_->cached_blocks();
     s.prefix.evictions = store_->evictions();
-    for (const auto& [name, u] : store_->users()) s.users[name] = u.stats;
+    s.users = store_->user_stats(kReportedUsers, "_other");
     return s;
   }
 
@@ -351,6 +351,9 @@ class PrefixLruCache final : public Cache {
   std::unique_ptr<PrefixStore> store_;
   std::unordered_map<SeqId, Sequence> seqs_;
   PrefixStats totals_;  // lookups, lookup_tokens, hit_tokens (the rest comes from the store)
+  // Users named in stats() (and so in /metrics); the others are summed as "_other", as the server's
+  // own per-user series are past their cap.
+  static constexpr size_t kReportedUsers = 100;
 };
 
 void register_prefix_lru(Registrar& r) {

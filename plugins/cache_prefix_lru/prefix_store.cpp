@@ -33,10 +33,62 @@ PrefixStore::PrefixStore(int64_t num_blocks, int64_t block_size, int64_t floor_b
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_uncached_.push_back(int32_t(b));
 }
 
-UserState& PrefixStore::user(const std::string& name) {
+UserState& PrefixStore::open_user(const std::string& name) {
   auto [it, added] = users_.try_emplace(name);
-  if (added) it->second.name = name;
-  return it->second;
+  UserState& u = it->second;
+  if (added) u.name = name;
+  if (u.idle) {
+    idle_.erase(*u.idle);
+    u.idle.reset();
+  }
+  ++u.live_seqs;
+  return u;
+}
+
+void PrefixStore::close_user(UserState& user) {
+  --user.live_seqs;
+  note_if_idle(user);
+}
+
+namespace {
+void add_counters(PrefixStats& to, const PrefixStats& from) {
+  to.lookups += from.lookups;
+  to.lookup_tokens += from.lookup_tokens;
+  to.hit_tokens += from.hit_tokens;
+  to.cached_blocks += from.cached_blocks;
+  to.evictions += from.evictions;
+}
+}  // namespace
+
+void PrefixStore::note_if_idle(UserState& user) {
+  if (user.live_seqs != 0 || user.stats.cached_blocks != 0 || user.idle) return;
+  user.idle = idle_.insert(idle_.end(), &user);
+  while (idle_.size() > kMaxIdleUsers) {
+    const UserState* oldest = idle_.front();
+    idle_.pop_front();
+    add_counters(forgotten_, oldest->stats);
+    users_.erase(users_.find(oldest->name));
+  }
+}
+
+std::map<std::string, PrefixStats> PrefixStore::user_stats(size_t max, const std::string& others) const {
+  std::vector<const UserState*> order;
+  order.reserve(users_.size());
+  for (const auto& [name, u] : users_) order.push_back(&u);
+  const size_t shown = std::min(max, order.size());
+  // Most cached blocks first; names break ties so that the report is deterministic.
+  std::partial_sort(order.begin(), order.begin() + ptrdiff_t(shown), order.end(), [](const UserState* a, const UserState* b) {
+    return a->stats.cached_blocks != b->stats.cached_blocks ? a->stats.cached_blocks > b->stats.cached_blocks
+                                                            : a->name < b->name;
+  });
+  std::map<std::string, PrefixStats> out;
+  for (size_t i = 0; i < shown; ++i) out[order[i]->name] = order[i]->stats;
+  if (shown < order.size() || forgotten_.lookups != 0 || forgotten_.evictions != 0) {
+    PrefixStats& rest = out[others];
+    add_counters(rest, forgotten_);
+    for (size_t i = shown; i < order.size(); ++i) add_counters(rest, order[i]->stats);
+  }
+  return out;
 }
 
 const UserState* PrefixStore::find_user(const std::string& name) const {
@@ -44,14 +96,35 @@ const UserState* PrefixStore::find_user(const std::string& name) const {
   return it == users_.end() ? nullptr : &it->second;
 }
 
-uint32_t PrefixStore::namespace_id(const std::string& key) {
-  auto [it, added] = namespaces_.try_emplace(key, uint32_t(namespaces_.size()));
+uint32_t PrefixStore::acquire_namespace(const std::string& key) {
+  auto it = namespace_ids_.find(key);
+  if (it == namespace_ids_.end()) {
+    uint32_t id = uint32_t(namespaces_.size());
+    if (!free_namespace_ids_.empty()) {
+      id = free_namespace_ids_.back();
+      free_namespace_ids_.pop_back();
+    } else {
+      namespaces_.emplace_back();
+    }
+    namespaces_[id] = {key, 0};
+    it = namespace_ids_.emplace(key, id).first;
+  }
+  ++namespaces_[it->second].holders;
   return it->second;
 }
 
+void PrefixStore::release_namespace(uint32_t id) {
+  NamespaceSlot& slot = namespaces_.at(id);
+  if (--slot.holders > 0) return;
+  // No block and no sequence uses the id any more: it can stand for another key.
+  namespace_ids_.erase(slot.key);
+  slot.key.clear();
+  free_namespace_ids_.push_back(id);
+}
+
 std::optional<uint32_t> PrefixStore::find_namespace(const std::string& key) const {
-  auto it = namespaces_.find(key);
-  if (it == namespaces_.end()) return std::nullopt;
+  auto it = namespace_ids_.find(key);
+  if (it == namespace_ids_.end()) return std::nullopt;
   return it->second;
 }
 
@@ -141,6 +214,7 @@ PrefixStore::Insert PrefixStore::insert(int32_t block, uint64_t parent, std::spa
   info.owner = &owner;
   std::copy(block_tokens.begin(), block_tokens.end(), tokens_.begin() + size_t(block) * size_t(block_size_));
   index_.emplace(Key{h, ns}, block);
+  ++namespaces_.at(ns).holders;
   ++owner.stats.cached_blocks;
   return Insert::inserted;
 }
@@ -149,13 +223,16 @@ void PrefixStore::uncache(int32_t block) {
   BlockInfo& info = info_.at(size_t(block));
   if (!info.cached) return;
   index_.erase(Key{info.hash, info.ns});
-  --info.owner->stats.cached_blocks;
+  UserState& owner = *info.owner;
+  --owner.stats.cached_blocks;
   info.cached = false;
   if (pool_.ref_count(block) == 0) {
-    forget_evictable(*info.owner, info.tick, block);
+    forget_evictable(owner, info.tick, block);
     free_uncached_.push_back(block);
   }
   info.owner = nullptr;
+  release_namespace(info.ns);
+  note_if_idle(owner);
 }
 
 void PrefixStore::forget_evictable(UserState& owner, uint64_t tick, int32_t block) {
@@ -164,10 +241,9 @@ void PrefixStore::forget_evictable(UserState& owner, uint64_t tick, int32_t bloc
 }
 
 void PrefixStore::evict(int32_t block) {
-  UserState* owner = info_.at(size_t(block)).owner;
-  uncache(block);
-  ++owner->stats.evictions;
+  ++info_.at(size_t(block)).owner->stats.evictions;  // before uncache, which may forget the owner
   ++evictions_;
+  uncache(block);
 }
 
 int32_t PrefixStore::pick_victim() const {

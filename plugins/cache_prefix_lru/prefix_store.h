@@ -13,9 +13,16 @@
 // when no such block is left, one under a floor — running sequences are never refused memory that
 // idle cache holds. max_share is enforced at insertion: a user at its cap gives up its own least
 // recently used unreferenced block, or the new block is not cached.
+//
+// Namespaces live while a running sequence or a cached block holds them; a user's state too, and
+// past that among the kMaxIdleUsers most recently active idle users. So a client that invents a new
+// `user` per request cannot grow memory: both are bounded by the pool's blocks, the running
+// sequences and that cap. A forgotten user's counters move to the "others" entry of user_stats (so
+// that per-user counts still add up to the totals); it starts again from zero when it comes back.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,6 +39,7 @@ namespace tessera::prefix {
 
 struct UserState {
   std::string name;
+  std::optional<std::list<UserState*>::iterator> idle;  // its place among the idle users, if idle
   PrefixStats stats;  // cached_blocks is the user's cached blocks now (in use or evictable)
   int64_t live_seqs = 0;
   std::set<std::pair<uint64_t, int32_t>> evictable;  // (release tick, block): its unreferenced cached blocks
@@ -46,6 +54,7 @@ struct Match {
 class PrefixStore {
  public:
   static constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;  // the "parent" of a sequence's first block
+  static constexpr size_t kMaxIdleUsers = 1000;  // users without sequence or cached block still remembered
   static uint64_t chain_hash(uint64_t parent, std::span<const int32_t> block_tokens);
 
   // floor_blocks and cap_blocks: min_share and max_share of the pool, in blocks.
@@ -59,14 +68,24 @@ class PrefixStore {
   int64_t cached_blocks() const { return int64_t(index_.size()); }
   int64_t evictions() const { return evictions_; }
 
-  // The user's state, created on first use; find_user does not create.
-  UserState& user(const std::string& name);
+  // A sequence of `name` starts (its state is created on first use) / ends (the state is forgotten
+  // when the user has no running sequence and no cached block left). find_user does not create.
+  UserState& open_user(const std::string& name);
+  void close_user(UserState& user);
   const UserState* find_user(const std::string& name) const;
-  const std::map<std::string, UserState>& users() const { return users_; }
-  // Namespace ids: interned on first use; find_namespace answers nullopt for one never used (which
-  // therefore holds no block).
-  uint32_t namespace_id(const std::string& key);
+  int64_t num_users() const { return int64_t(users_.size()); }
+  // Up to `max` users' stats, those holding the most cached blocks; the rest, and the counters of
+  // forgotten users, summed under `others` (when there are any): a report stays small whatever the
+  // number of users.
+  std::map<std::string, PrefixStats> user_stats(size_t max, const std::string& others) const;
+
+  // Namespace ids: a sequence holds the one it inserts into (acquire_namespace .. release_namespace)
+  // and every cached block holds its own; an id without holders is recycled. find_namespace answers
+  // nullopt for a namespace nobody holds (which therefore holds no block).
+  uint32_t acquire_namespace(const std::string& key);
+  void release_namespace(uint32_t id);
   std::optional<uint32_t> find_namespace(const std::string& key) const;
+  int64_t num_namespaces() const { return int64_t(namespace_ids_.size()); }
 
   // Up to max_blocks leading full blocks of `tokens` found cached; at each position the first
   // namespace of `namespaces` that holds the block wins. Changes nothing.
@@ -107,6 +126,7 @@ class PrefixStore {
   };
 
   void evict(int32_t block);  // an evictable block leaves the index and becomes uncached free
+  void note_if_idle(UserState& user);  // joins the idle users; the least recently active past the cap is forgotten
   void forget_evictable(UserState& owner, uint64_t tick, int32_t block);  // referenced again, or uncached
   int32_t pick_victim() const;
 
@@ -120,7 +140,15 @@ class PrefixStore {
   std::map<std::string, UserState> users_;  // map: node addresses stay valid (sequences point at them)
   // The users with an evictable block: what pick_victim looks through (not every user ever seen).
   std::set<UserState*> owners_of_evictable_;
-  std::map<std::string, uint32_t> namespaces_;
+  struct NamespaceSlot {
+    std::string key;
+    int64_t holders = 0;
+  };
+  std::unordered_map<std::string, uint32_t> namespace_ids_;
+  std::vector<NamespaceSlot> namespaces_;  // by id
+  std::vector<uint32_t> free_namespace_ids_;
+  std::list<UserState*> idle_;  // least recently active first
+  PrefixStats forgotten_;        // counters of the users forgotten
   uint64_t clock_ = 0;
   int64_t evictions_ = 0;
 };

@@ -1,5 +1,5 @@
 // quantizer: gguf — weights run in the format the file stores them in. GGUF blocks (Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS) are uploaded byte for byte and multiplied by the
+// Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS-IQ3_S) are uploaded byte for byte and multiplied by the
 // backend's block kernels; float tensors stay in their float type. There is no float copy of a block-quantized matrix, unless a
 // `keep_float` pattern asks for one (sensitive layers).
 #include <memory>
@@ -61,8 +61,8 @@ class GgufQuantizer final : public Quantizer {
 void register_gguf(Registrar& r) {
   r.add<Quantizer>(
       "gguf",
-      "Weights as the GGUF file stores them: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, Q2_K-Q6_K and IQ4_NL/IQ4_XS blocks "
-      "run by the backend's block kernels without a float copy; float tensors stay float",
+      "Weights as the GGUF file stores them: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, Q2_K-Q6_K, IQ4_NL/IQ4_XS and "
+      "IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S blocks run by the backend's block kernels without a float copy; float tensors stay float",
       {{"keep_float", ParamType::string_list, nlohmann::json::array(),
         "tensor-name patterns expanded to f32 at load, e.g. [output, \"blk.0.*\"]"}},
       [](const Params& p) { return std::make_unique<GgufQuantizer>(p); });

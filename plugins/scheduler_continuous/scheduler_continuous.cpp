@@ -21,11 +21,14 @@ struct Queue {
   int64_t max_running = 0;          // 0 = no cap of its own
 };
 
+// A value for a message; bytes that are not UTF-8 are replaced (the plain dump would throw on them).
+std::string show(const nlohmann::json& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 std::vector<Queue> parse_queues(const nlohmann::json& j) {
   if (!j.is_array()) throw Error("scheduler continuous: 'queues' must be a list of {name, min_expected_output, max_running}");
   std::vector<Queue> out;
   for (const auto& q : j) {
-    if (!q.is_object()) throw Error("scheduler continuous: each queue must be a map, got " + q.dump());
+    if (!q.is_object()) throw Error("scheduler continuous: each queue must be a map, got " + show(q));
     Queue queue;
     for (const auto& [key, value] : q.items()) {
       if (key == "name" && value.is_string()) {
@@ -35,11 +38,11 @@ std::vector<Queue> parse_queues(const nlohmann::json& j) {
       } else if (key == "max_running" && value.is_number_integer() && value.get<int64_t>() >= 0) {
         queue.max_running = value.get<int64_t>();
       } else {
-        throw Error("scheduler continuous: queue key '" + key + "' = " + value.dump() +
+        throw Error("scheduler continuous: queue key '" + key + "' = " + show(value) +
                     " is not valid (expected name: text, min_expected_output: integer >= 0, max_running: integer >= 0)");
       }
     }
-    if (queue.name.empty()) throw Error("scheduler continuous: every queue needs a 'name', got " + q.dump());
+    if (queue.name.empty()) throw Error("scheduler continuous: every queue needs a 'name', got " + show(q));
     // A second queue of the same name or threshold would never receive a request.
     for (const Queue& other : out) {
       if (other.name == queue.name) throw Error("scheduler continuous: two queues are named '" + queue.name + "'");

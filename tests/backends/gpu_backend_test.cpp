@@ -95,8 +95,8 @@ TEST_P(GpuBackendTest, OutOfRangeDeviceIsRefused) {
                Error);
 }
 
-// supports() answers for every op the kernels implement, and refuses what they do not (k-quants,
-// int8/int4 tables for embedding, quantized caches).
+// supports() answers for every op the kernels implement, and refuses what they do not (int32
+// weights, int8/int4 tables for embedding, quantized caches).
 TEST_P(GpuBackendTest, SupportsExactlyTheImplementedOps) {
   auto backend = create_or_check_refusal();
   if (backend == nullptr) GTEST_SKIP() << "no " << GetParam().backend << " device on this machine";
@@ -107,12 +107,15 @@ TEST_P(GpuBackendTest, SupportsExactlyTheImplementedOps) {
     EXPECT_TRUE(backend->supports(op, DType::F32)) << op_name(op);
     EXPECT_FALSE(backend->supports(op, DType::F16)) << op_name(op);
   }
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::I8, DType::I4}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                 DType::IQ4_NL, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
+                 DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S}) {
     EXPECT_TRUE(backend->supports(Op::gemm, t)) << dtype_name(t);
+    EXPECT_TRUE(backend->supports(Op::embedding, t)) << dtype_name(t);
   }
-  EXPECT_FALSE(backend->supports(Op::gemm, DType::Q4_K));
-  EXPECT_FALSE(backend->supports(Op::gemm, DType::Q6_K));
-  EXPECT_TRUE(backend->supports(Op::embedding, DType::Q4_0));
+  EXPECT_TRUE(backend->supports(Op::gemm, DType::I8));
+  EXPECT_TRUE(backend->supports(Op::gemm, DType::I4));
+  EXPECT_FALSE(backend->supports(Op::gemm, DType::I32));
   EXPECT_FALSE(backend->supports(Op::embedding, DType::I8));
   for (Op op : {Op::kv_write, Op::attention, Op::sparse_attention}) {
     for (DType t : {DType::F32, DType::F16, DType::BF16}) EXPECT_TRUE(backend->supports(op, t)) << op_name(op);

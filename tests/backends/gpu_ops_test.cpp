@@ -27,6 +27,15 @@ using namespace gpu_test;  // NOLINT: the fixture and helpers of this test binar
 
 // ---- gemm -------------------------------------------------------------------------------------------
 
+// The GGUF formats beyond Q8_0/Q4_0 that the device decodes (kernels_cuda/kernels/gguf_blocks.cuh).
+const DType kMoreGgufTypes[] = {DType::Q4_1,    DType::Q5_0,   DType::Q5_1,  DType::IQ4_NL,  DType::Q2_K,
+                                DType::Q3_K,    DType::Q4_K,   DType::Q5_K,  DType::Q6_K,    DType::IQ4_XS,
+                                DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S};
+
+bool iq_grid_type(DType t) {
+  return t == DType::IQ2_XXS || t == DType::IQ2_XS || t == DType::IQ2_S || t == DType::IQ3_XXS || t == DType::IQ3_S;
+}
+
 // A weight in one of the formats, with its exact float values (what a kernel must multiply by).
 struct TestWeight {
   DType dtype;
@@ -66,14 +75,22 @@ TestWeight make_weight(DType t, int64_t n, int64_t k, std::mt19937_64& rng, int6
     }
     return w;
   }
-  std::vector<float> src(size_t(n * k));
-  for (float& x : src) x = u(rng);
   const size_t row = dtype_row_bytes(t, k);
   w.data.resize(row * size_t(n));
-  for (int64_t j = 0; j < n; ++j) {
-    quantize_row(t, src.data() + j * k, w.data.data() + size_t(j) * row, k);
-    dequantize_row(t, w.data.data() + size_t(j) * row, w.values.data() + j * k, k);
+  if (iq_grid_type(t)) {
+    // Codebook formats: random blocks (every index is in range) under a small fp16 scale, so that
+    // every grid entry, sign pattern and sub-scale occurs.
+    for (auto& b : w.data) b = uint8_t(std::uniform_int_distribution<int>(0, 255)(rng));
+    for (size_t at = 0; at < w.data.size(); at += dtype_block_bytes(t)) {
+      const uint16_t d = f32_to_fp16(0.002f + 0.004f * u(rng));
+      std::memcpy(&w.data[at], &d, 2);
+    }
+  } else {
+    std::vector<float> src(size_t(n * k));
+    for (float& x : src) x = u(rng);
+    for (int64_t j = 0; j < n; ++j) quantize_row(t, src.data() + j * k, w.data.data() + size_t(j) * row, k);
   }
+  for (int64_t j = 0; j < n; ++j) dequantize_row(t, w.data.data() + size_t(j) * row, w.values.data() + j * k, k);
   return w;
 }
 
@@ -116,20 +133,23 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
     int64_t group;
     bool asym;
   };
-  const std::vector<Case> cases = {{DType::F32, 0, false}, {DType::F16, 0, false}, {DType::BF16, 0, false},
-                                   {DType::Q8_0, 0, false}, {DType::Q4_0, 0, false}, {DType::I4, 32, false},
-                                   {DType::I4, 64, true},   {DType::I4, 2, true}};
+  std::vector<Case> cases = {{DType::F32, 0, false}, {DType::F16, 0, false}, {DType::BF16, 0, false},
+                             {DType::Q8_0, 0, false}, {DType::Q4_0, 0, false}, {DType::I4, 32, false},
+                             {DType::I4, 64, true},   {DType::I4, 2, true}};
+  for (DType t : kMoreGgufTypes) cases.push_back({t, 0, false});
   // m: decode sizes (GEMV), 9 (first tiled / BLAS size), 64+ (quantized BLAS expansion), odd tails.
   for (const Case& c : cases) {
     ASSERT_TRUE(gpu().supports(Op::gemm, c.t)) << dtype_name(c.t);
+    bool ok = true;
     for (int64_t m : {1, 3, 8, 9, 37, 70}) {
       for (int32_t variant : {0, 1}) {
-        const bool blocky = c.t == DType::Q8_0 || c.t == DType::Q4_0 || c.t == DType::I4;
+        const bool blocky = !dtype_is_float(c.t);
         // Every other shape has k a multiple of 32 and up to 2048, the vector GEMV path with several
-        // rounds of loads per lane; the others any k the type allows.
+        // rounds of loads per lane; the others any k the type allows. Super-blocks: 1 to 6 of 256.
         const bool round_k = (m + variant) % 2 == 0;
-        const int64_t k = blocky || round_k ? 32 * pick(1, round_k ? 64 : 12)
-                                            : pick(1, 300) * (c.t == DType::I4 ? 2 : 1);
+        const int64_t k = dtype_block_elems(c.t) == 256 ? 256 * pick(1, 6)
+                          : blocky || round_k           ? 32 * pick(1, round_k ? 64 : 12)
+                                                        : pick(1, 300) * (c.t == DType::I4 ? 2 : 1);
         const int64_t n = pick(1, 200);
         if (c.t == DType::I4 && k % c.group != 0) continue;
         SCOPED_TRACE(std::string(dtype_name(c.t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
@@ -150,9 +170,14 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
         const auto y = read(gpu(), yd, size_t(m * n));
         const ReferenceGemm want = reference_gemm(x, m, w);
         const double tol = gemm_tolerance(c.t, m, variant == 1);
-        EXPECT_TRUE(close(y, want.y, [&](size_t i) { return tol * want.mag[i] + 1e-6; }));
+        const testing::AssertionResult same = close(y, want.y, [&](size_t i) { return tol * want.mag[i] + 1e-6; });
+        EXPECT_TRUE(same);
+        ok = ok && bool(same);
       }
     }
+    // Per type in the test's JSON record, for scripts/gpu_check.sh's table.
+    RecordProperty("gemm_" + std::string(dtype_name(c.t)) + (c.group > 0 ? "_g" + std::to_string(c.group) : ""),
+                   ok ? "ok" : "FAILED");
   }
 }
 
@@ -160,9 +185,10 @@ TEST_P(GpuOps, GemmEveryWeightTypeEveryPathMatchesReference) {
 // rows, long ones), and short rows; one and several activation rows.
 TEST_P(GpuOps, DecodeGemvPathsMatchReference) {
   SCOPED_TRACE(seed_note());
-  for (DType t : {DType::F32, DType::F16, DType::I4}) {
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{4100 + pick(0, 900), 1024}, {pick(100, 300), 1024 + 32 * pick(0, 32)},
-                        {pick(100, 300), 32 * pick(1, 16)}}) {
+  for (DType t : {DType::F32, DType::F16, DType::I4, DType::Q5_1, DType::Q4_K, DType::IQ3_S}) {
+    const int64_t block = dtype_block_elems(t) == 256 ? 256 : 32;  // k-quant rows: whole super-blocks
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{4100 + pick(0, 900), 1024}, {pick(100, 300), 1024 + block * pick(0, 4)},
+                        {pick(100, 300), block * pick(1, 16)}}) {
       for (int64_t m : {1, 3, 8}) {
         SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
                      std::to_string(k));
@@ -235,14 +261,20 @@ TEST_P(GpuOps, GemmInt8EqualsCpuBitForBit) {
 }
 
 TEST_P(GpuOps, GemmRefusesWhatItCannotDo) {
-  EXPECT_FALSE(gpu().supports(Op::gemm, DType::Q4_K));
-  EXPECT_FALSE(gpu().supports(Op::gemm, DType::Q6_K));
+  EXPECT_FALSE(gpu().supports(Op::gemm, DType::I32));
   DeviceBuffer b(gpu(), 64);
   try {
-    gpu().gemm(b.as<float>(), 1, WeightView{b.get(), DType::Q6_K, 1, 256}, b.as<float>());
-    ADD_FAILURE() << "q6_k gemm should be refused";
+    gpu().gemm(b.as<float>(), 1, WeightView{b.get(), DType::I32, 1, 4}, b.as<float>());
+    ADD_FAILURE() << "int32 gemm should be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not support int32"), std::string::npos) << e.what();
+  }
+  // A k-quant row must be whole super-blocks of 256.
+  try {
+    gpu().gemm(b.as<float>(), 1, WeightView{b.get(), DType::Q6_K, 1, 288}, b.as<float>());
+    ADD_FAILURE() << "a q6_k row of 288 elements should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a whole number"), std::string::npos) << e.what();
   }
   WeightView bad{b.get(), DType::F32, 1, 4};
   bad.kernel_variant = 7;
@@ -253,9 +285,11 @@ TEST_P(GpuOps, GemmRefusesWhatItCannotDo) {
 
 TEST_P(GpuOps, EmbeddingEqualsCpuForEveryTableType) {
   SCOPED_TRACE(seed_note());
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+  std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  types.insert(types.end(), std::begin(kMoreGgufTypes), std::end(kMoreGgufTypes));
+  for (DType t : types) {
     ASSERT_TRUE(gpu().supports(Op::embedding, t));
-    const int64_t vocab = pick(1, 500), dim = 32 * pick(1, 20);
+    const int64_t vocab = pick(1, 500), dim = dtype_block_elems(t) == 256 ? 256 * pick(1, 3) : 32 * pick(1, 20);
     SCOPED_TRACE(std::string(dtype_name(t)) + " vocab " + std::to_string(vocab) + " dim " + std::to_string(dim));
     TestWeight table = make_weight(t, vocab, dim, rng_);
     std::vector<int32_t> ids(static_cast<size_t>(pick(1, 50)));
@@ -265,7 +299,10 @@ TEST_P(GpuOps, EmbeddingEqualsCpuForEveryTableType) {
       b.embedding(WeightView{td.get(), t, vocab, dim}, id.as<int32_t>(), int64_t(ids.size()), od.as<float>());
       return read(b, od, ids.size() * size_t(dim));
     };
-    EXPECT_TRUE(close(run(gpu()), run(cpu()), [](size_t) { return 0.0; }));  // dequantizing is exact
+    // Exact: the device rounds each product and sum as the CPU does (no fused multiply-add).
+    const testing::AssertionResult same = close(run(gpu()), run(cpu()), [](size_t) { return 0.0; });
+    EXPECT_TRUE(same);
+    RecordProperty("embedding_" + std::string(dtype_name(t)), same ? "ok" : "FAILED");
   }
   EXPECT_FALSE(gpu().supports(Op::embedding, DType::I8));
 }
@@ -371,7 +408,8 @@ TEST_P(GpuOps, FusedNeighbourOpsMatchCpu) {
     const auto [sum, norm] = run(gpu());
     const auto [want_sum, want_norm] = run(cpu());
     EXPECT_TRUE(close(sum, want_sum, [](size_t) { return 0.0; })) << "sum";
-    EXPECT_TRUE(close(norm, want_norm, [&](size_t i) { return 1e-5 * std::fabs(want_norm[i]) + 1e-6; })) << "norm";
+    const auto& want = want_norm;  // clang before 16 cannot capture a structured binding
+    EXPECT_TRUE(close(norm, want_norm, [&](size_t i) { return 1e-5 * std::fabs(want[i]) + 1e-6; })) << "norm";
   }
   {
     const int64_t head_dim = 2 * pick(1, 64), n_q = pick(1, 8), n_k = pick(1, 4);

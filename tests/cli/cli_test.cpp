@@ -111,6 +111,7 @@ TEST(Cli, CpuIsaCapHidesVnniKeepsTheTokensAndRefusesKernelVnni) {
   EXPECT_EQ(refused.status, 1);
   EXPECT_NE(refused.text.find("needs AVX-512 VNNI"), std::string::npos) << refused.text;
   EXPECT_NE(refused.text.find("blk.0.attn_q.weight"), std::string::npos) << refused.text;
+  EXPECT_NE(refused.text.find(vnni + ":3: quantizer 'int8'"), std::string::npos) << refused.text;  // #51: file:line
   EXPECT_EQ(unknown.status, 1);
   EXPECT_NE(unknown.text.find("TESSERA_CPU_ISA is 'avx512'"), std::string::npos) << unknown.text;
   ASSERT_EQ(empty.status, 0) << empty.text;

@@ -1,8 +1,5 @@
 // Parts of `tessera serve` in-process: the pipeline's server: section, chat templates, request
 // parsing details and the helpers streaming relies on.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -15,7 +12,6 @@
 #include "serve/metrics.h"
 #include "serve/openai_request.h"
 #include "serve/openai_response.h"
-#include "serve/peer_socket.h"
 #include "tessera/error.h"
 #include "tessera/gguf.h"
 #include "tessera/pipeline_spec.h"
@@ -94,6 +90,11 @@ TEST(ServerSection, CommandLineValuesAreRangeChecked) {
   EXPECT_THROW(check_server_value("port", -1, "--port"), Error);
   EXPECT_THROW(check_server_value("max_queue", 0, "server"), Error);
   EXPECT_NO_THROW(check_server_value("port", 0, "--port"));
+  // A deadline under a second would cut off ordinary clients; no connection at all would refuse everyone.
+  const std::string deadline = test::message_of([] { check_server_value("request_deadline", 0.5, "server"); });
+  EXPECT_NE(deadline.find("'request_deadline' is 0.5; expected 1..86400"), std::string::npos) << deadline;
+  EXPECT_THROW(check_server_value("max_connections_per_client", 0, "server"), Error);
+  EXPECT_NO_THROW(check_server_value("max_connections_per_client", 1, "server"));
   const std::string empty = test::message_of([] { check_server_value("api_key", "", "--api-key"); });
   EXPECT_NE(empty.find("--api-key: server: 'api_key' is empty"), std::string::npos) << empty;
   EXPECT_THROW(check_server_value("api_key_file", "", "--api-key-file"), Error);
@@ -317,76 +318,6 @@ TEST(StreamingHelpers, MetricsCarryDraftAcceptanceWhereThePipelineSpeculates) {
     EXPECT_NE(page.find(line), std::string::npos) << line << page;
   }
   EXPECT_EQ(m.render(snap, 0, false).find("tessera_draft_"), std::string::npos);
-}
-
-
-// Loopback sockets: a listener, and clients connected to it with their accepted ends.
-struct Loopback {
-  struct Connection {
-    int client = -1, accepted = -1, client_port = 0;
-  };
-  int listener = -1, port = 0;
-  std::vector<Connection> connections;
-  sockaddr_in address{};
-
-  Loopback() {
-    listener = socket(AF_INET, SOCK_STREAM, 0);
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof address;
-    if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(listener, 4) != 0 ||
-        getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len) != 0) {
-      throw Error("loopback listener failed");
-    }
-    port = ntohs(address.sin_port);
-  }
-  Connection& connect() {
-    Connection c;
-    c.client = socket(AF_INET, SOCK_STREAM, 0);
-    if (::connect(c.client, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) throw Error("connect failed");
-    c.accepted = accept(listener, nullptr, nullptr);
-    sockaddr_in self{};
-    socklen_t len = sizeof self;
-    getsockname(c.client, reinterpret_cast<sockaddr*>(&self), &len);
-    c.client_port = ntohs(self.sin_port);
-    return connections.emplace_back(c);
-  }
-  // The client resets (SO_LINGER 0): its accepted end loses its peer.
-  void reset(Connection& c) {
-    const linger abort{1, 0};
-    setsockopt(c.client, SOL_SOCKET, SO_LINGER, &abort, sizeof abort);
-    close(c.client);
-    c.client = -1;
-    for (int i = 0; i < 100 && !serve::peer_closed(c.accepted); ++i) usleep(1000);
-  }
-  ~Loopback() {
-    for (const Connection& c : connections) {
-      for (int fd : {c.client, c.accepted}) {
-        if (fd >= 0) close(fd);
-      }
-    }
-    close(listener);
-  }
-};
-
-TEST(PeerSocket, FindsTheConnectionAndTellsAResetOneFromNone) {
-  Loopback net;
-  const Loopback::Connection a = net.connect();
-  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", a.client_port), a.accepted);
-  EXPECT_FALSE(serve::peer_closed(a.accepted));
-  const int other_port = a.client_port + 1 == net.port ? a.client_port + 2 : a.client_port + 1;
-  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", other_port), -1)
-      << "another peer's connection is not this one, and none was reset";
-  // A second connection is reset: no lookup by peer can find it, so its request is told apart as
-  // gone, while the first connection still resolves to its own socket.
-  Loopback::Connection& b = net.connect();
-  const int b_port = b.client_port;
-  net.reset(b);
-  EXPECT_TRUE(serve::peer_closed(b.accepted));
-  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", b_port), serve::kConnectionReset);
-  EXPECT_EQ(serve::connection_socket(net.port, "127.0.0.1", a.client_port), a.accepted)
-      << "a healthy connection beside a reset one is still found";
-  EXPECT_FALSE(serve::peer_closed(a.accepted));
 }
 
 }  // namespace

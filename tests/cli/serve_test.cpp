@@ -588,5 +588,36 @@ TEST(ServeAuth, KeyFileFromThePipelineYaml) {
   EXPECT_EQ(res->status, 200);
 }
 
+// #51 item 9: `user` is the client's word; with user_from_key it is derived from the key, so a
+// client holding one key cannot claim another key's user to probe its cache through cached_tokens.
+TEST(ServeAuth, NamedKeysAndUserFromKeyIsolateEachKeysCache) {
+  test::TempDir dir;
+  dir.write("keys.txt", "# team keys\nteam-a secret-a\n\nteam-b secret-b\n");
+  const std::string pipeline = dir.write(
+      "prefix.yaml", "extends: " + std::string(TESSERA_SOURCE_DIR) + "/pipelines/prefix.yaml\nmodel: " +
+                         test::kStoriesF32 + "\nbackend: cpu\ncomponents:\n  cache: { plugin: prefix_lru, isolation: user }\n" +
+                         "server:\n  api_key_file: keys.txt\n  user_from_key: true\n");
+  ServerProcess server({"-p", pipeline});
+  auto a = server.client();
+  a.set_bearer_token_auth("secret-a");
+  auto b = server.client();
+  b.set_bearer_token_auth("secret-b");
+  const std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her "
+      "friends. One day, she saw a big red ball under a tree.";
+  auto ask = [&](httplib::Client& c, const std::string& user) {
+    return post_json(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}, {"user", user}});
+  };
+  auto cached = [](const json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(); };
+  EXPECT_EQ(cached(ask(a, "bob")), 0);
+  EXPECT_GE(cached(ask(a, "bob")), 16);          // team-a/bob's own blocks
+  EXPECT_EQ(cached(ask(b, "bob")), 0);           // team-b/bob is someone else
+  EXPECT_EQ(cached(ask(b, "team-a/bob")), 0);    // and cannot claim team-a's user
+  auto page = a.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_TRUE(test::metric(page->body, R"(tessera_user_requests_total{user="team-a/bob",status="200"})").has_value())
+      << page->body;
+}
+
 }  // namespace
 }  // namespace tessera

@@ -81,9 +81,33 @@ std::vector<uint8_t> encode(DType t, const std::vector<float>& w, int64_t rows, 
   return out;
 }
 
-// The k-quants (Q4_K, Q6_K), which Tessera reads but does not write: blocks of bytes drawn from the
-// floats' bits, under a super-block scale (and min scale) of 1/64 so that the weights stay small.
-std::vector<uint8_t> kquant_blocks(DType t, const std::vector<float>& w, int64_t rows, int64_t cols) {
+// The other GGUF block formats (blocks of 32 with a min or a fifth bit, the k-quants, IQ4_NL/IQ4_XS,
+// the IQ2/IQ3 grid formats, whose every index is in range of its codebook),
+// written here as raw blocks: every bit pattern a file may hold, so every field of the layout is
+// exercised. Bytes are drawn from the floats' bits; each block's fp16 scale (and min or min scale)
+// is set to 1/64 so that the weights stay small and finite.
+std::vector<int> fp16_scale_offsets(DType t) {
+  switch (t) {
+    case DType::Q4_1:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K: return {0, 2};
+    case DType::Q5_0:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
+    case DType::IQ2_XXS:
+    case DType::IQ2_XS:
+    case DType::IQ2_S:
+    case DType::IQ3_XXS:
+    case DType::IQ3_S: return {0};
+    case DType::Q2_K: return {80, 82};
+    case DType::Q3_K: return {108};
+    case DType::Q6_K: return {208};
+    default: throw Error("test has no raw blocks of " + std::string(dtype_name(t)));
+  }
+}
+
+std::vector<uint8_t> raw_blocks(DType t, const std::vector<float>& w, int64_t rows, int64_t cols) {
   std::vector<uint8_t> out(dtype_row_bytes(t, cols) * size_t(rows));
   for (size_t i = 0; i < out.size(); ++i) {
     uint32_t bits;
@@ -92,14 +116,23 @@ std::vector<uint8_t> kquant_blocks(DType t, const std::vector<float>& w, int64_t
   }
   const uint16_t d = f32_to_fp16(1.0f / 64);
   for (size_t at = 0; at < out.size(); at += dtype_block_bytes(t)) {
-    if (t == DType::Q4_K) {
-      put_u16(&out[at], d);
-      put_u16(&out[at + 2], d);
-    } else {
-      put_u16(&out[at + 208], d);
-    }
+    for (int off : fp16_scale_offsets(t)) put_u16(&out[at + size_t(off)], d);
   }
   return out;
+}
+
+// Formats encoded by raw_blocks rather than encode().
+constexpr DType kRawBlockTypes[] = {DType::Q4_1,   DType::Q5_0,    DType::Q5_1,   DType::IQ4_NL,  DType::Q2_K,
+                                    DType::Q3_K,   DType::Q4_K,    DType::Q5_K,   DType::Q6_K,    DType::IQ4_XS,
+                                    DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S};
+bool raw_block_type(DType t) { return std::find(std::begin(kRawBlockTypes), std::end(kRawBlockTypes), t) != std::end(kRawBlockTypes); }
+
+// fp16 scales per block of a raw-block type (2: a scale and a min or min scale), else 0.
+size_t fp16_scales_per_block(DType t) { return raw_block_type(t) ? fp16_scale_offsets(t).size() : 0; }
+
+// Encodes w as t: encode() for float, Q8_0 and Q4_0, raw_blocks() otherwise.
+std::vector<uint8_t> encode_any(DType t, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  return raw_block_type(t) ? raw_blocks(t, w, rows, cols) : encode(t, w, rows, cols);
 }
 
 std::vector<float> dequantize(DType t, const std::vector<uint8_t>& data, int64_t rows, int64_t cols) {
@@ -184,9 +217,9 @@ TEST_P(BackendConformance, CopyRowsMovesAColumnRangeOfEveryRow) {
 
 // Error allowed per output, relative to sum_i |x_i * w_i| (so cancellation cannot make a correct
 // kernel fail). f32: float accumulation over <= 160 terms (k * 2^-24 ~ 1e-5). f16/bf16: a device
-// may round the activations to the weight type (2^-11, 2^-8 per product). q8_0/q4_0: a device may
-// quantize activations to 8 bits per block of 32, as ggml does (step amax/127, so <~1%); q4_k/q6_k
-// likewise per super-block of 256 (ggml's q8_K).
+// may round the activations to the weight type (2^-11, 2^-8 per product). Block formats of 32: a
+// device may quantize activations to 8 bits per block of 32, as ggml does (step amax/127, so <~1%);
+// the super-block formats likewise per super-block of 256 (ggml's q8_K).
 double gemm_tolerance(DType t) {
   switch (t) {
     case DType::F32: return 1e-5;
@@ -203,19 +236,23 @@ struct GemmShape {
 TEST_P(BackendConformance, GemmMatchesReferenceForEveryWeightType) {
   // Float types take any k (odd ones too); block types need whole blocks of 32.
   const std::vector<GemmShape> float_shapes = {{1, 1, 7}, {2, 9, 64}, {3, 5, 33}, {17, 37, 129}, {4, 13, 160}, {7, 50, 150}};
-  const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}};
-  const std::vector<GemmShape> kquant_shapes = {{1, 3, 256}, {2, 9, 512}, {5, 7, 256}, {13, 5, 768}};
+  // Blocks of 32: rows with and without whole 256s. m = 1 (decode), small batches, and m past 8 and
+  // past 64 (the prefill paths: tiled kernels, or a vendor BLAS over the expanded weight).
+  const std::vector<GemmShape> block_shapes = {{1, 1, 32}, {3, 5, 96}, {17, 37, 160}, {2, 9, 256}, {70, 6, 96}};
+  const std::vector<GemmShape> kquant_shapes = {{1, 3, 256}, {2, 9, 512}, {5, 7, 256}, {13, 5, 768}, {66, 4, 512}};
+  std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  types.insert(types.end(), std::begin(kRawBlockTypes), std::end(kRawBlockTypes));
   int ran = 0;
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : types) {
     if (!claims(Op::gemm, t)) continue;
-    const bool kquant = t == DType::Q4_K || t == DType::Q6_K;
+    const bool kquant = dtype_block_elems(t) == 256;
     for (const GemmShape& s : dtype_is_float(t) ? float_shapes : kquant ? kquant_shapes : block_shapes) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
                    " k=" + std::to_string(s.k));
       const uint64_t seed = 1000 * uint64_t(t) + uint64_t(s.m * 31 + s.n * 7 + s.k);
       const auto w = random_floats(size_t(s.n * s.k), seed);
       const auto x = random_floats(size_t(s.m * s.k), seed + 1);
-      const auto packed = kquant ? kquant_blocks(t, w, s.n, s.k) : encode(t, w, s.n, s.k);
+      const auto packed = encode_any(t, w, s.n, s.k);
       const auto wd = dequantize(t, packed, s.n, s.k);  // what the kernel is meant to multiply by
 
       std::vector<double> want(size_t(s.m * s.n)), mag(want.size());
@@ -345,11 +382,13 @@ TEST_P(BackendConformance, IntegerGemmsMatchTheirDequantizedWeights) {
 TEST_P(BackendConformance, EmbeddingGathersDequantizedRows) {
   const int64_t vocab = 37;
   const std::vector<int32_t> ids = {0, 36, 5, 5, 17, 1};
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+  std::vector<DType> types = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+  types.insert(types.end(), std::begin(kRawBlockTypes), std::end(kRawBlockTypes));
+  for (DType t : types) {
     if (!claims(Op::embedding, t)) continue;
-    const int64_t dim = dtype_is_float(t) ? 33 : 64;
+    const int64_t dim = dtype_is_float(t) ? 33 : dtype_block_elems(t) == 256 ? 512 : 64;
     SCOPED_TRACE(std::string(dtype_name(t)) + " dim=" + std::to_string(dim));
-    const auto table = encode(t, random_floats(size_t(vocab * dim), 77 + uint64_t(t), -3, 3), vocab, dim);
+    const auto table = encode_any(t, random_floats(size_t(vocab * dim), 77 + uint64_t(t), -3, 3), vocab, dim);
     const auto rows = dequantize(t, table, vocab, dim);
     std::vector<double> want;
     for (int32_t id : ids) {
@@ -358,9 +397,14 @@ TEST_P(BackendConformance, EmbeddingGathersDequantizedRows) {
     DeviceBuffer tbuf = upload(b(), table), ibuf = upload(b(), ids), obuf = output(want.size());
     b().embedding(WeightView{tbuf.get(), t, vocab, dim}, ibuf.as<int32_t>(), int64_t(ids.size()), obuf.as<float>());
     b().synchronize();
-    // Dequantizing is exact in float (fp16 scale times a small integer), so only rounding noise.
+    // Dequantizing is exact in float (fp16 scale times a small integer), so only rounding noise: of
+    // the value, or, where a min is subtracted (which a backend may fuse into one fma), of the
+    // largest term.
+    double amax = 0;
+    for (double v : want) amax = std::max(amax, std::abs(v));
+    const double term_noise = fp16_scales_per_block(t) > 1 ? 1e-6 * amax : 0.0;
     EXPECT_TRUE(all_close(read_output(obuf, want.size()), want,
-                          [&](size_t i) { return 1e-6 * std::abs(want[i]); }));
+                          [&](size_t i) { return 1e-6 * std::abs(want[i]) + term_noise; }));
   }
 }
 

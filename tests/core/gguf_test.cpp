@@ -499,7 +499,7 @@ TEST_F(GgufTest, BadTensors) {
                  "dimensions [1099511627776, 1099511627776] make the element count overflow int64");
   expect_refused(one({"t", {~0ull}, 0, "", {}}).build(), "dimension 0");
   expect_refused(one({"t", {1ull << 40}, 0, "", {}}).build(), "exceeds the file size");
-  expect_refused(one({"t", {256}, 16, std::string(66, '\0'), {}}).build(), "ggml type 16 (IQ2_XXS)");
+  expect_refused(one({"t", {256}, 19, std::string(50, '\0'), {}}).build(), "ggml type 19 (IQ1_S)");
   expect_refused(one({"t", {32}, 99, std::string(20, '\0'), {}}).build(), "ggml type 99");
   expect_refused(one({"t", {33}, 8, std::string(40, '\0'), {}}).build(), "not a multiple of the q8_0 block size");
   expect_refused(one({"t", {100}, 12, "", {}}).build(), "q4_k block size (256)");
@@ -507,8 +507,8 @@ TEST_F(GgufTest, BadTensors) {
   expect_refused(one({"t", {64}, 0, f32x64, 1ull << 20}).build(), "outside the file");
   expect_refused(one({"t", {64}, 0, f32x64, ~0ull - 31}).build(), "outside the file");
   expect_refused(one({"ok", {64}, 0, f32x64, {}}).build(), "duplicate tensor name");
-  // An unsupported type's error names the tensor (IQ2_XXS: 66 bytes per 256).
-  expect_refused(one({"blk.0.attn_q.weight", {256}, 16, std::string(66, '\0'), {}}).build(), "'blk.0.attn_q.weight'");
+  // An unsupported type's error names the tensor (IQ1_S: 50 bytes per 256).
+  expect_refused(one({"blk.0.attn_q.weight", {256}, 19, std::string(50, '\0'), {}}).build(), "'blk.0.attn_q.weight'");
   // The same file with a valid second tensor opens.
   EXPECT_NO_THROW(GgufFile::open(write("ok.gguf", one({"t", {64}, 0, f32x64, {}}).build())));
 }

@@ -73,6 +73,32 @@ TEST_F(PipelineSpecTest, ExtendsCycleIsRefused) {
   }
 }
 
+// #51: a chain of ~4,400 files overflowed the stack (SIGSEGV in the recursive load).
+TEST_F(PipelineSpecTest, ALongExtendsChainIsRefusedWithItsDepth) {
+  for (int i = 0; i < 100; ++i) write("e" + std::to_string(i) + ".yaml", "extends: e" + std::to_string(i + 1) + ".yaml\n");
+  write("e100.yaml", "model: x.gguf\n");
+  const std::string msg = test::message_of([&] { load_pipeline_spec((dir_ / "e0.yaml").string()); });
+  EXPECT_NE(msg.find("'extends' chain is deeper than 32 files"), std::string::npos) << msg.substr(0, 300);
+  write("e31.yaml", "model: x.gguf\n");  // 32 files are accepted
+  EXPECT_NE(load_pipeline_spec((dir_ / "e0.yaml").string()).model.find("x.gguf"), std::string::npos);
+}
+
+// #51: values JSON cannot hold, deep nesting and NUL bytes get messages that say what is wrong.
+TEST_F(PipelineSpecTest, InfinityDeepNestingAndNulBytesAreNamed) {
+  std::string msg = error_of("components:\n  attention: { plugin: sparse, window: inf }\n");
+  EXPECT_NE(msg.find("p.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("inf"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("null"), std::string::npos) << msg;
+  msg = error_of("components:\n  cache: { plugin: paged, block_size: .nan }\n");
+  EXPECT_NE(msg.find(".nan"), std::string::npos) << msg;
+
+  msg = error_of("components: " + std::string(5000, '[') + "\n");
+  EXPECT_NE(msg.find("p.yaml:2: YAML nested too deeply"), std::string::npos) << msg;
+
+  msg = error_of(std::string("components:\n  cache: { plugin: \"pa\\0ged\" }\n"));
+  EXPECT_NE(msg.find("pa\\x00ged"), std::string::npos) << msg;
+}
+
 TEST_F(PipelineSpecTest, UnknownParameterNamesItsLine) {
   const std::string msg = error_of("components:\n  attention: { plugin: gqa }\n  cache:\n    plugin: contiguous\n    max_seqs: 2\n    blok_size: 16\n");
   EXPECT_NE(msg.find("p.yaml:6"), std::string::npos) << msg;
@@ -289,6 +315,15 @@ TEST_F(PipelineSpecTest, UnknownBackendIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown backend plugin 'tpu'"), std::string::npos) << e.what();
   }
+}
+
+// fuzz_pipeline: a value with bytes that are not UTF-8 in a refused parameter threw nlohmann's
+// type_error (invalid UTF-8) from the message's JSON dump instead of an Error naming the parameter.
+TEST_F(PipelineSpecTest, ARefusedValueThatIsNotUtf8IsNamed) {
+  std::string msg = error_of("server:\n  chat_template: au\xF8\xFFto\n");
+  EXPECT_NE(msg.find("parameter 'chat_template' is \"au"), std::string::npos) << msg;
+  msg = error_of("components:\n  cache: { plugin: contiguous, max_seqs: [a\xF8] }\n");
+  EXPECT_NE(msg.find("parameter 'max_seqs' has the wrong type"), std::string::npos) << msg;
 }
 
 TEST_F(PipelineSpecTest, ShippedPipelinesAreValid) {

@@ -21,5 +21,19 @@ TEST(ReadFile, ReturnsEveryByteAndNamesWhatIsWrongOtherwise) {
   EXPECT_EQ(refusal_of(dir.path()), dir.path() + ": is a directory; expected the pipeline file");
 }
 
+// #51: /dev/zero grew memory until std::bad_alloc with no file named.
+TEST(ReadFile, RefusesDevicesPipesAndFilesPastTheLimitNamingThem) {
+  EXPECT_EQ(refusal_of("/dev/zero"),
+            "/dev/zero: is not a regular file (a device, pipe or socket); expected the pipeline file");
+  test::TempDir dir;
+  const std::string big = dir.write("big.yaml", std::string((4 << 20) + 1, '#'));
+  EXPECT_EQ(refusal_of(big), big + ": the pipeline file is larger than 4194304 bytes; refused");
+  EXPECT_EQ(read_file(dir.write("ok.yaml", std::string(4 << 20, '#')), "pipeline file").size(), size_t(4) << 20);
+  // Text inputs may be pipes (`<(...)`): read up to their own limit, and a device past it is refused.
+  const ReadLimits small{1000, false};
+  EXPECT_EQ(test::message_of([&] { read_file("/dev/zero", "text file", small); }),
+            "/dev/zero: the text file is larger than 1000 bytes; refused");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -313,9 +313,12 @@ TEST(QuantizeBlocks, KQuantsStayWithinTheirStepsAndRoundTripThroughTheReader) {
       std::vector<float> y(n);
       dequantize_row(t, q.data(), y.data(), n);
       // Per sub-block (32 for Q4_K, 16 for Q6_K) the error stays within a few steps of its range
-      // (half a step, plus the 6- or 8-bit rounding of the sub-block's scale and min).
+      // (half a step, plus the 6- or 8-bit rounding of the sub-block's scale and min), plus the
+      // fp16 rounding of the super-block scale, which ggml's quantizer (and so ours) does not
+      // compensate: below fp16's normal range it is off by up to 2^-25 absolute, times sc·q.
       const int64_t sub = t == DType::Q4_K ? 32 : 16;
       const float levels = t == DType::Q4_K ? 15.0f : 63.0f;
+      const float fp16_slack = std::ldexp(1.0f, -25) * (t == DType::Q4_K ? 63.0f * 15.0f + 63.0f : 128.0f * 32.0f);
       double err2 = 0, x2 = 0;
       for (int64_t b = 0; b < n / sub; ++b) {
         float lo = 0, hi = 0;
@@ -326,7 +329,7 @@ TEST(QuantizeBlocks, KQuantsStayWithinTheirStepsAndRoundTripThroughTheReader) {
         const float step = (hi - lo) / levels;
         for (int64_t i = 0; i < sub; ++i) {
           const float xi = x[size_t(b * sub + i)], err = std::fabs(y[size_t(b * sub + i)] - xi);
-          ASSERT_LE(err, 2.0f * step + 1e-30f) << "element " << b * sub + i << " x " << xi;
+          ASSERT_LE(err, 2.0f * step + fp16_slack) << "element " << b * sub + i << " x " << xi;
           err2 += double(err) * err;
           x2 += double(xi) * xi;
         }
@@ -730,9 +733,9 @@ TEST(SynthCommand, WritesAModelAndPrintsASummary) {
   const Output unknown = tessera_cmd("synth --preset huge -o '" + dir.file("x.gguf") + "'");
   EXPECT_NE(unknown.status, 0);
   EXPECT_THAT(unknown.text, HasSubstr("presets: tiny, 110m, 110m-gqa, 1b"));
-  const Output dtype = tessera_cmd("synth --preset tiny --dtype iq2_xxs -o '" + dir.file("x.gguf") + "'");
+  const Output dtype = tessera_cmd("synth --preset tiny --dtype iq1_s -o '" + dir.file("x.gguf") + "'");
   EXPECT_NE(dtype.status, 0);
-  EXPECT_THAT(dtype.text, HasSubstr("--dtype 'iq2_xxs' is not supported"));
+  EXPECT_THAT(dtype.text, HasSubstr("--dtype 'iq1_s' is not supported"));
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
 }
 

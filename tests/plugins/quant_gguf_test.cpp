@@ -5,6 +5,7 @@
 // keeps its reference perplexity and greedy tokens.
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <cpuid.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,7 +61,10 @@ constexpr int32_t kCpuVnniVariant = 4;
 
 bool cpu_packs_blocks() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID.1:ECX bit 29: clang before 16 has no "f16c" for __builtin_cpu_supports.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
 
 // Where byte i of block b of row r lies in the bytes a view holds (i < 2: the fp16 scale).

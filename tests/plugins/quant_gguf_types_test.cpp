@@ -29,8 +29,8 @@ namespace {
 using nlohmann::json;
 using testing::HasSubstr;
 
-const DType kTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
-                        DType::Q3_K, DType::Q5_K, DType::IQ4_NL, DType::IQ4_XS};
+const DType kTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,  DType::Q3_K,
+                        DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 bool is_block32(DType t) { return dtype_block_elems(t) == 32; }
 
@@ -99,6 +99,32 @@ TEST(GgufTypes, KernelsMatchTheDequantizedWeights) {
           const Case rough = make_case(t, m, n, k, seed++, false);
           expect_reference(rough, test::linear_forward(*gguf_linear(rough), rough.x, m), 1e-2);
         }
+      }
+    }
+  }
+}
+
+// The CPU backend stores whole 4-row tiles block-interleaved (row 0 block 0, row 1 block 0, ...,
+// row 3 block 0, row 0 block 1, ...) where its AVX2 kernels run, a last partial tile row-major: every
+// block keeps the file's bytes, only its place changes (kernels_cpu.h, prepare_weight_quant_tiles).
+TEST(GgufTypes, TilesHoldEveryBlockAsStored) {
+  constexpr int32_t kTilesPacked = 1 << 8;
+  for (DType t : kTypes) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const Case c = make_case(t, 1, 9, is_block32(t) ? 96 : 512, 7, false);
+    auto l = gguf_linear(c);
+    const WeightView v = l->view();
+    ASSERT_EQ(l->resident_bytes(), c.bytes.size()) << "no copy beside the blocks";
+    std::vector<uint8_t> held(c.bytes.size());
+    test::cpu_backend().copy_to_host(held.data(), v.data, held.size());
+    const bool packed = (v.kernel_variant & kTilesPacked) != 0;
+    if (test::cpu_has_avx2()) EXPECT_TRUE(packed) << "AVX2 CPUs stream packed tiles";
+    const size_t bb = dtype_block_bytes(t), row = dtype_row_bytes(t, c.k), blocks = row / bb;
+    for (size_t r = 0; r < size_t(c.n); ++r) {
+      for (size_t b = 0; b < blocks; ++b) {
+        const size_t at = packed && r < 8 ? r / 4 * 4 * row + (b * 4 + r % 4) * bb : r * row + b * bb;
+        ASSERT_TRUE(std::equal(held.begin() + long(at), held.begin() + long(at + bb), c.bytes.begin() + long(r * row + b * bb)))
+            << "row " << r << " block " << b;
       }
     }
   }

@@ -141,6 +141,9 @@ TEST(ContinuousPolicy, RejectsMalformedQueues) {
   EXPECT_NE(message({{{"name", "a"}, {"min_expected_output", 200}}, {{"name", "b"}, {"min_expected_output", 200}}})
                 .find("queues 'a' and 'b' have the same min_expected_output 200"),
             std::string::npos);
+  // A refused value that is not UTF-8 (a pipeline file may hold any bytes) is named, not a JSON
+  // library error from writing the message.
+  EXPECT_NE(message({{{"name", "long"}, {"max_running", "x\xF8"}}}).find("queue key 'max_running' = \"x"), std::string::npos);
 }
 
 TEST(StaticPolicy, WaitsForABatchOrTheTimeout) {

@@ -33,6 +33,7 @@ GGML_TYPES = {
     14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2),
 }
+GGML_TYPES.update({20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136)})
 
 
 class GGUFError(Exception):
@@ -259,16 +260,176 @@ def _q6_k(b):
     q3 = (l0 >> 4) | (((qh >> 4) & 3) << 4)
     q4 = (l1 >> 4) | (((qh >> 6) & 3) << 4)
     q = np.stack([q1, q2, q3, q4], axis=2).astype(np.float32) - 32  # (nb, 2, 4, 32)
-    # scale index inside a half: is = l // 16 (+2 per quarter)
+    # scale index inside a half: is = l // 16 (+2 per quarter); (d * sc) * q as ggml rounds it
     s = sc.reshape(-1, 2, 4, 2)[..., None]  # (nb, 2, quarter, l//16, 1)
-    q = q.reshape(-1, 2, 4, 2, 16) * s
-    return (d[:, :, None, None, None] * q).reshape(-1, 256)
+    ds = d[:, :, None, None, None] * s
+    return (ds * q.reshape(-1, 2, 4, 2, 16)).reshape(-1, 256)
+
+
+def _q2_k(b):
+    """16 scale bytes (scale | min << 4 per 16), 64 bytes of 2-bit quants, fp16 d, fp16 dmin.
+    Element 128h + 32s + l is bits 2s of byte 32h + l; its 16 is 8h + 2s + l // 16."""
+    sc = b[:, 0:16]
+    d = _f16(b[:, 80:82].copy())
+    dmin = _f16(b[:, 82:84].copy())
+    qs = b[:, 16:80].reshape(-1, 2, 1, 32)
+    q = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).astype(np.float32)
+    dl = (d * (sc & 0x0F).astype(np.float32)).reshape(-1, 2, 4, 2, 1)
+    ml = (dmin * (sc >> 4).astype(np.float32)).reshape(-1, 2, 4, 2, 1)
+    return (dl * q.reshape(-1, 2, 4, 2, 16) - ml).reshape(-1, 256)
+
+
+def _q3_k(b):
+    """32 bytes high-bit mask, 64 bytes 2-bit quants, 12 bytes of 6-bit scales, fp16 d.
+    Element 128h + 32s + l: bits 2s of byte 32 + 32h + l, high bit 4h + s of mask byte l (clear: -4),
+    scale j = 8h + 2s + l // 16 stored with an offset of 32."""
+    hm = b[:, 0:32]
+    qs = b[:, 32:96].reshape(-1, 2, 1, 32)
+    s = b[:, 96:108].astype(np.int32)
+    d = _f16(b[:, 108:110].copy())
+    low = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)  # scales 0..7, 8..15
+    j = np.arange(16)
+    top = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+    scale = ((low | (top << 4)) - 32).astype(np.float32)
+    sh = np.arange(4, dtype=np.uint8)[None, None, :, None]
+    q = ((qs >> (2 * sh)) & 3).astype(np.int32)
+    bit = (hm[:, None, None, :] >> (4 * np.arange(2, dtype=np.uint8)[None, :, None, None] + sh)) & 1
+    q = (q - 4 * (1 - bit.astype(np.int32))).astype(np.float32)
+    dl = (d * scale).reshape(-1, 2, 4, 2, 1)
+    return (dl * q.reshape(-1, 2, 4, 2, 16)).reshape(-1, 256)
+
+
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _iq4_nl(b):
+    d = _f16(b[:, 0:2].copy())
+    qs = b[:, 2:18]
+    return d * IQ4NL_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=1)]
+
+
+def _iq4_xs(b):
+    """fp16 d, u16 of 2-bit scale tops, 4 bytes of scale low nibbles, 8 x 16 bytes of IQ4_NL nibbles;
+    sub-block j's scale is d * (6-bit value - 32)."""
+    d = _f16(b[:, 0:2].copy())
+    h = b[:, 2:4].copy().view("<u2").astype(np.int32)  # (nb, 1)
+    lo = b[:, 4:8].astype(np.int32)
+    j = np.arange(8)
+    ls = ((lo[:, j // 2] >> (4 * (j % 2))) & 0x0F) | (((h >> (2 * j)) & 3) << 4)
+    dl = d * (ls - 32).astype(np.float32)  # (nb, 8)
+    qs = b[:, 8:136].reshape(-1, 8, 16)
+    idx = np.concatenate([qs & 0x0F, qs >> 4], axis=2)  # (nb, 8, 32)
+    return (dl[:, :, None] * IQ4NL_VALUES[idx]).reshape(-1, 256)
 
 
 _BLOCK_DEQUANT = {
     "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
     "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
 }
+_BLOCK_DEQUANT.update({"Q2_K": _q2_k, "Q3_K": _q3_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs})
+
+
+# The IQ2/IQ3 codebook formats (blocks of 256). Their codebooks are format data: parsed from the
+# one copy in the source tree (core/src/gguf/iq_grids.cpp); the bit layouts below are read from
+# ggml's block definitions, and the 7-bit sign codes are expanded here (eighth bit = parity).
+_IQ_GRIDS = None
+
+
+def _iq_grid(name):
+    global _IQ_GRIDS
+    if _IQ_GRIDS is None:
+        import os
+        import re
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "src", "gguf",
+                            "iq_grids.cpp")
+        src = open(path).read()
+        _IQ_GRIDS = {}
+        for ty, nm, body in re.findall(r"const (uint64_t|uint32_t) (\w+)\[\d+\] = \{(.*?)\};", src, re.S):
+            vals = [int(v, 16) for v in re.findall(r"0x([0-9a-fA-F]+)", body)]
+            width = 8 if ty == "uint64_t" else 4
+            _IQ_GRIDS[nm] = np.array(vals, "<u8" if width == 8 else "<u4").view(np.uint8).reshape(len(vals), width)
+    return _IQ_GRIDS[name]
+
+
+def _iq_signs7(s7):
+    """7 stored sign bits -> 8 sign bits with an even count."""
+    s7 = s7.astype(np.int64)
+    parity = np.zeros_like(s7)
+    for k in range(7):
+        parity ^= (s7 >> k) & 1
+    return s7 | (parity << 7)
+
+
+def _iq_apply(db, mags, signs8):
+    """db (nb, 32) per group of 8, mags (nb, 32, 8) magnitudes, signs8 (nb, 32) bits -> (nb*256,)."""
+    neg = ((signs8[:, :, None] >> np.arange(8)) & 1).astype(bool)
+    v = db[:, :, None] * mags.astype(np.float32)
+    return np.where(neg, -v, v).astype(np.float32).reshape(-1, 256)
+
+
+def _iq_db(d, ls, half):
+    """ggml's group scale: d*(0.5 + l)*half, in float32 (half = 0.25 for IQ2, 0.5 for IQ3_XXS)."""
+    return (d * (np.float32(0.5) + ls.astype(np.float32))) * np.float32(half)
+
+
+def _iq2_xxs(b):
+    d = _f16(b[:, 0:2].copy())
+    q = b[:, 2:66].reshape(-1, 8, 8)
+    idx = q[:, :, 0:4].reshape(-1, 32).astype(np.int64)
+    aux = q[:, :, 4:8].copy().view("<u4").reshape(-1, 8).astype(np.int64)
+    s7 = ((aux[:, :, None] >> (7 * np.arange(4))) & 127).reshape(-1, 32)
+    ls = np.repeat(aux >> 28, 4, axis=1)
+    return _iq_apply(_iq_db(d, ls, 0.25), _iq_grid("kIq2XxsGrid")[idx], _iq_signs7(s7))
+
+
+def _iq2_scales16(sc):
+    """Bytes of two 4-bit scales (low nibble: the first 16) -> per group of 8 (nb, 32)."""
+    g = np.arange(32)
+    return (sc[:, g // 4].astype(np.int64) >> (4 * ((g % 4) // 2))) & 15
+
+
+def _iq2_xs(b):
+    d = _f16(b[:, 0:2].copy())
+    qs = b[:, 2:66].copy().view("<u2").reshape(-1, 32).astype(np.int64)
+    ls = _iq2_scales16(b[:, 66:74])
+    return _iq_apply(_iq_db(d, ls, 0.25), _iq_grid("kIq2XsGrid")[qs & 511], _iq_signs7(qs >> 9))
+
+
+def _iq2_s(b):
+    d = _f16(b[:, 0:2].copy())
+    g = np.arange(32)
+    qh = b[:, 66:74].astype(np.int64)
+    idx = b[:, 2:34].astype(np.int64) | (((qh[:, g // 4] >> (2 * (g % 4))) & 3) << 8)
+    ls = _iq2_scales16(b[:, 74:82])
+    return _iq_apply(_iq_db(d, ls, 0.25), _iq_grid("kIq2SGrid")[idx], b[:, 34:66].astype(np.int64))
+
+
+def _iq3_xxs(b):
+    d = _f16(b[:, 0:2].copy())
+    idx = b[:, 2:66].astype(np.int64)  # entry e holds elements 4e..4e+3
+    aux = b[:, 66:98].copy().view("<u4").reshape(-1, 8).astype(np.int64)
+    s7 = ((aux[:, :, None] >> (7 * np.arange(4))) & 127).reshape(-1, 32)
+    ls = np.repeat(aux >> 28, 4, axis=1)
+    mags = _iq_grid("kIq3XxsGrid")[idx].reshape(-1, 32, 8)
+    return _iq_apply(_iq_db(d, ls, 0.5), mags, _iq_signs7(s7))
+
+
+def _iq3_s(b):
+    d = _f16(b[:, 0:2].copy())
+    e = np.arange(64)
+    qh = b[:, 66:74].astype(np.int64)
+    idx = b[:, 2:66].astype(np.int64) | (((qh[:, e // 8] >> (e % 8)) & 1) << 8)
+    ib = np.arange(32) // 4
+    ls = (b[:, 106:110][:, ib // 2].astype(np.int64) >> (4 * (ib % 2))) & 15
+    db = d * (np.float32(1) + np.float32(2) * ls.astype(np.float32))
+    mags = _iq_grid("kIq3SGrid")[idx].reshape(-1, 32, 8)
+    return _iq_apply(db, mags, b[:, 74:106].astype(np.int64))
+
+
+GGML_TYPES.update({16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+                   21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82)})
+_BLOCK_DEQUANT.update({"IQ2_XXS": _iq2_xxs, "IQ2_XS": _iq2_xs, "IQ2_S": _iq2_s, "IQ3_XXS": _iq3_xxs,
+                       "IQ3_S": _iq3_s})
 
 
 def describe(g):

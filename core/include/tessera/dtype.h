@@ -28,6 +28,13 @@ enum class DType : uint8_t {
   Q5_K,
   IQ4_NL,
   IQ4_XS,
+  // Grid (codebook) formats of 256 (tables in tessera/iq_grids.h): 8 or 4 elements per entry index,
+  // with signs and 4-bit scales per 16 or 32.
+  IQ2_XXS,
+  IQ2_XS,
+  IQ2_S,
+  IQ3_XXS,
+  IQ3_S,
 };
 
 // IQ4_NL and IQ4_XS: the 16 levels a 4-bit quant indexes (ggml's kvalues_iq4nl), times the scale.
@@ -36,7 +43,7 @@ inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22,
 
 std::string_view dtype_name(DType t);
 // Elements per storage block (1 for scalar types, 2 for I4, 32 for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL,
-// 256 for the k-quants and IQ4_XS).
+// 256 for the k-quants, IQ4_XS and the IQ2/IQ3 grid formats).
 int64_t dtype_block_elems(DType t);
 size_t dtype_block_bytes(DType t);
 // Bytes of a row of n elements; throws Error when n is not a multiple of the block.

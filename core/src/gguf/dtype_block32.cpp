@@ -28,8 +28,9 @@ void dequantize(const uint8_t* src, float* dst, int64_t nb, size_t block_bytes, 
     for (int i = 0; i < 16; ++i) {
       const int q0 = (qs[i] & 0x0f) | int(((high >> i) & 1) << 4);
       const int q1 = (qs[i] >> 4) | int(((high >> (i + 16)) & 1) << 4);
-      dst[i] = d * float(q0 + bias) + m;
-      dst[i + 16] = d * float(q1 + bias) + m;
+      // No "+ 0" without a min: it would turn ggml's -0.0 (a zero block's negative d) into +0.0.
+      dst[i] = kMin ? d * float(q0 + bias) + m : d * float(q0 + bias);
+      dst[i + 16] = kMin ? d * float(q1 + bias) + m : d * float(q1 + bias);
     }
   }
 }

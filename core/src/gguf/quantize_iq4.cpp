@@ -17,21 +17,18 @@ namespace {
 
 constexpr int kTries = 7;
 
-// The level nearest v (ties to the lower one), by bisection over the sorted table.
+// The level nearest v, a tie going to the upper one (ggml's best_index_int8): level j is taken
+// once 2v reaches t[j-1] + t[j], compared exactly (2v and the integer sums are exact in f32);
+// a bisection over those 15 thresholds.
 int nearest_level(float v) {
   const int8_t* t = kIq4NlValues;
-  if (v <= t[0]) return 0;
-  if (v >= t[15]) return 15;
-  int lo = 0, hi = 15;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (v < t[mid]) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
+  const float v2 = v + v;
+  int idx = 0;
+  for (int step = 8; step > 0; step >>= 1) {
+    const int j = idx + step;
+    if (v2 >= float(t[j - 1] + t[j])) idx = j;
   }
-  return v - t[hi - 1] < t[hi] - v ? hi - 1 : hi;
+  return idx;
 }
 
 // The scale of one block of 32 (0 for an all-zero block).
@@ -55,7 +52,7 @@ float block_scale(const float* x) {
   };
   float sumqx, sumq2;
   fit(1.0f / (-m / float(kIq4NlValues[0])), sumqx, sumq2);
-  float d = sumqx / sumq2, best = d * sumqx;
+  float d = sumq2 > 0 ? sumqx / sumq2 : 0.0f, best = d * sumqx;
   for (int t = -kTries; t <= kTries; ++t) {
     fit((float(t) + float(kIq4NlValues[0])) / m, sumqx, sumq2);
     if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {

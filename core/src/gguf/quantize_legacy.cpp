@@ -30,8 +30,13 @@ void quantize_min(const float* x, uint8_t* out, int64_t nb) {
     uint32_t high = 0;
     uint8_t* qs = out + 4 + (kFifth ? 4 : 0);
     for (int i = 0; i < 16; ++i) {
-      const int q0 = std::min(kMax, int((x[i] - lo) * id + 0.5f));
-      const int q1 = std::min(kMax, int((x[i + 16] - lo) * id + 0.5f));
+      // Q4_1 clamps to 15; Q5_1 does not (the reference's own asymmetry; (x - min)/d cannot
+      // reach 31.5, so it never matters).
+      int q0 = int((x[i] - lo) * id + 0.5f), q1 = int((x[i + 16] - lo) * id + 0.5f);
+      if (!kFifth) {
+        q0 = std::min(kMax, q0);
+        q1 = std::min(kMax, q1);
+      }
       qs[i] = uint8_t((q0 & 0x0f) | ((q1 & 0x0f) << 4));
       high |= uint32_t((q0 >> 4) & 1) << i;
       high |= uint32_t((q1 >> 4) & 1) << (i + 16);

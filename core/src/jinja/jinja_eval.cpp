@@ -303,7 +303,9 @@ Value Evaluator::make_macro(const Stmt& s, const ScopePtr& scope, const std::str
     }
     for (; k < a.pos.size(); ++k) varargs.push_back(a.pos[k]);
     for (const auto& [kn, kv] : a.kw) {
-      const bool param = std::any_of(stmt->params.begin(), stmt->params.end(), [&](const auto& p) { return p.first == kn; });
+      // A named copy for the lambda: clang before 16 cannot capture a structured binding.
+      const std::string& name = kn;
+      const bool param = std::any_of(stmt->params.begin(), stmt->params.end(), [&](const auto& p) { return p.first == name; });
       if (kn == "caller") {
         ms->vars["caller"] = kv;
       } else if (!param) {

@@ -1,0 +1,78 @@
+// GGUF IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S weights (codebook formats, super-blocks of 256)
+// times int8 activations, read as stored, on the super-block GEMM (gemm_kquant_cpu.h). Per 32
+// elements: the four groups' codebook entries (8 unsigned magnitudes each, at most 62) are one
+// register, their 32 sign bits become a byte mask that moves the signs onto x, vpmaddubsw multiplies
+// (pairs at most 2·62·127 = 15748, inside int16) and vpmaddwd applies each 16's odd scale 2l + 1
+// (at most 31): Σ d·f·(2l+1)·g·s·x = dx·d·f·Σ (2l+1)·Σ g·s·xq, f = 1/8 (IQ2), 1/4 (IQ3_XXS), 1 (IQ3_S).
+// Without AVX2 and F16C, gemm unpacks the rows to float (dequantize_row) instead.
+#include "gemm_kquant_cpu.h"
+#include "tessera/iq_grids.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+template <DType T>
+struct IqGrid {
+  static constexpr int64_t kBytes = T == DType::IQ2_XXS ? 66
+                                    : T == DType::IQ2_XS ? 74
+                                    : T == DType::IQ2_S  ? 82
+                                    : T == DType::IQ3_XXS ? 98
+                                                          : 110;
+
+  template <int kRows>
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
+                                                                   const int16_t*, float dx, __m256* accs) {
+    for (int r = 0; r < kRows; ++r) accumulate_row(blks[r], xq, dx, accs[r]);
+  }
+
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq, float dx,
+                                                                       __m256& acc) {
+    // Byte k of the mask takes bit k % 8 of sign byte k / 8 (the broadcast's bytes 0-1 in the low
+    // lane, 2-3 in the high one).
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const IqGroup g0 = iq_group(T, blk, 4 * ib), g1 = iq_group(T, blk, 4 * ib + 1);
+      const IqGroup g2 = iq_group(T, blk, 4 * ib + 2), g3 = iq_group(T, blk, 4 * ib + 3);
+      const __m256i mags = _mm256_setr_epi64x(int64_t(g0.mags), int64_t(g1.mags), int64_t(g2.mags), int64_t(g3.mags));
+      const uint32_t signs = uint32_t(g0.signs) | uint32_t(g1.signs) << 8 | uint32_t(g2.signs) << 16 |
+                             uint32_t(g3.signs) << 24;
+      const __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), pick), bit);
+      const __m256i neg = _mm256_cmpeq_epi8(spread, bit);  // -1 where negative, else 0
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * ib));
+      const __m256i pairs = _mm256_maddubs_epi16(mags, _mm256_sign_epi8(x, _mm256_or_si256(neg, one)));
+      // Elements 0-15 (the low lane's pairs) take groups 0-1's scale, 16-31 groups 2-3's (equal for
+      // the formats with one scale per 32).
+      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(short(g2.scale)), _mm_set1_epi16(short(g0.scale)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, sc));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(kquant::load_fp16(blk) * iq_scale_factor(T) * dx), _mm256_cvtepi32_ps(isum),
+                          acc);
+  }
+};
+
+}  // namespace
+
+bool gemm_iq23_supports(const WeightView& w) {
+  const DType t = w.dtype;
+  return (t == DType::IQ2_XXS || t == DType::IQ2_XS || t == DType::IQ2_S || t == DType::IQ3_XXS ||
+          t == DType::IQ3_S) &&
+         w.cols % kquant::kSuper == 0 && has_f16c();
+}
+
+void gemm_iq23(const float* x, int64_t m, const WeightView& w, float* y) {
+  if (m <= 0) return;
+  switch (w.dtype) {
+    case DType::IQ2_XXS: return kquant::gemm_kquant<IqGrid<DType::IQ2_XXS>>(x, m, w, y);
+    case DType::IQ2_XS: return kquant::gemm_kquant<IqGrid<DType::IQ2_XS>>(x, m, w, y);
+    case DType::IQ2_S: return kquant::gemm_kquant<IqGrid<DType::IQ2_S>>(x, m, w, y);
+    case DType::IQ3_XXS: return kquant::gemm_kquant<IqGrid<DType::IQ3_XXS>>(x, m, w, y);
+    default: return kquant::gemm_kquant<IqGrid<DType::IQ3_S>>(x, m, w, y);
+  }
+}
+
+}  // namespace tessera::cpu
