@@ -156,7 +156,7 @@ void prepare_weight_blocks(WeightView& w) {
   if (j > 0) w.kernel_variant |= kBlockBandsPacked;
   for (; j + kRowsPerTile <= w.rows; j += kRowsPerTile) {
     uint8_t* tile = data + size_t(j) * row_bytes;
-    std::memcpy(rows.data(), tile, rows.size());
+    std::memcpy(rows.data(), tile, size_t(kRowsPerTile) * row_bytes);  // a tile, not a band: the last rows may end here
     for (size_t b = 0; b < blocks; ++b) {
       for (size_t r = 0; r < size_t(kRowsPerTile); ++r) {
         std::memcpy(tile + (b * kRowsPerTile + r) * bb, rows.data() + r * row_bytes + b * bb, bb);

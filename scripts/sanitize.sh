@@ -54,9 +54,11 @@ if [ "$mode" != tsan ]; then
   ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:allocator_may_return_null=1:detect_stack_use_after_return=1:strict_string_checks=1 \
   LSAN_OPTIONS=suppressions=$(pwd)/scripts/lsan_suppressions.txt:print_suppressions=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 -E '^sdk_check$'
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 \
+      -E '^(sdk_check|ServeUsers.DistinctUsersLeaveMemoryMetricsAndLatencyFlat)$'
   # Left out: sdk_check builds an uninstrumented plugin against the installed (instrumented) SDK, a
-  # packaging check the plain suite runs.
+  # packaging check the plain suite runs; the RSS bound of DistinctUsers... cannot hold under ASan,
+  # whose quarantine keeps freed memory and whose shadow grows with the heap (830 -> 1657 MB here).
   stage_done "ASan+UBSan ctest"
 fi
 
@@ -71,10 +73,13 @@ if [ "$mode" != asan ]; then
   archer=$(clang++-14 -print-file-name=libarcher.so)
   [ -f "$archer" ] || archer=/usr/lib/llvm-14/lib/libarcher.so
   # The two suites in parallel (one core each); the servers the tests start are TSan builds too.
+  # Left out, as under ASan: an RSS bound the sanitizer's own memory breaks.
+  rss_test=ServeUsers.DistinctUsersLeaveMemoryMetricsAndLatencyFlat
   pids=()
   for t in engine_tests server_tests; do
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OMP_TOOL_LIBRARIES=$archer TESSERA_PLUGIN_PATH= \
-      "$dir/bin/$t" --gtest_brief=1 >"$dir/$t.tsan.log" 2>&1 &
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1:suppressions=$(pwd)/scripts/tsan_suppressions.txt \
+    OMP_TOOL_LIBRARIES=$archer TESSERA_PLUGIN_PATH= \
+      "$dir/bin/$t" --gtest_brief=1 --gtest_filter="-$rss_test" >"$dir/$t.tsan.log" 2>&1 &
     pids+=($!)
   done
   status=0

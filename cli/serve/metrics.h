@@ -30,7 +30,7 @@ class Histogram {
 
 class ServerMetrics {
  public:
-  static constexpr size_t kMaxUsers = 1000;
+  static constexpr size_t kMaxUsers = 100;  // as many as the prefix cache reports (its other users are "_other" too)
 
   ServerMetrics();
   // Every HTTP response, by route ("unmatched" for unknown paths) and status.

@@ -154,7 +154,9 @@ TEST(CliBench, AnAccuracyPassThatCannotRunLeavesEveryFigureNullWithTheReason) {
                                      "--workload '" + workload + "' --out '" + dir.path() + "/skipped' --probe-seconds 0.05");
   ASSERT_EQ(skipped.status, 0) << skipped.text;
   std::ifstream skipped_in(dir.path() + "/skipped/report.json");
-  for (const auto& p : nlohmann::json::parse(skipped_in)["pipelines"]) {
+  // Named: a range-for over a part of a temporary reads freed memory (the temporary dies first).
+  const nlohmann::json skipped_report = nlohmann::json::parse(skipped_in);
+  for (const auto& p : skipped_report.at("pipelines")) {
     const auto& a = p["accuracy"];
     SCOPED_TRACE(p["name"].get<std::string>() + ": " + p.dump());
     for (const char* key : {"perplexity", "perplexity_delta", "kl_divergence", "greedy_agreement", "scored_tokens"}) {

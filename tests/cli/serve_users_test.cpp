@@ -60,7 +60,7 @@ TEST(ServeUsers, DistinctUsersLeaveMemoryMetricsAndLatencyFlat) {
     EXPECT_TRUE(r && r->status == 200);
     return r ? r->body.size() : size_t(0);
   };
-  new_users(1200);  // past the server's 1,000 per-user series and the cache's 100 reported users
+  new_users(1200);  // past the 100 users with their own series (the server's and the cache's), and 1,000 idle ones
   const double ms_before = new_users(200);
   const size_t page_before = metrics_bytes();
   const int64_t rss_before = rss_kib(server.pid());
