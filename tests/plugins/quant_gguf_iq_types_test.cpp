@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gguf_decode_check.h"
 #include "test_util.h"
 #include "tessera/engine.h"
 #include "tessera/quantizer.h"
@@ -126,58 +127,6 @@ TEST(GgufIqTypes, KernelsSameBitsOnOneThreadOrFourAloneOrInABatch) {
   test::cpu_backend().set_threads(2);
 }
 
-std::vector<GenerationResult> greedy(const std::string& path, const std::string& quantizer) {
-  auto p = test::cpu_pipeline(path, {{"quantizer", {{"plugin", quantizer}}}});
-  std::vector<GenerationResult> out;
-  const std::vector<std::vector<int32_t>> prompts = {{1, 300, 301, 302}, {1, 400, 270}, {1, 280, 290}};
-  for (const std::vector<int32_t>& prompt : prompts) {
-    Engine engine(*p);
-    GenerationRequest req;
-    req.prompt = prompt;
-    req.max_tokens = 24;
-    req.ignore_eos = true;
-    SamplingParams s;
-    s.temperature = 0;
-    s.logprobs = 5;
-    req.sampling = s;
-    engine.submit(std::move(req));
-    engine.run_until_idle();
-    auto results = engine.take_finished();
-    EXPECT_EQ(results.size(), 1u);
-    if (!results.empty()) out.push_back(std::move(results[0]));
-  }
-  return out;
-}
-
-// As quant_gguf_types_test: equal tokens, or parting only at a near-tie (0.1 nats) of the f32 run,
-// with the shared top-5 log-probabilities within 0.1 until then.
-void expect_same_tokens(const std::string& path) {
-  const auto got = greedy(path, "gguf"), want = greedy(path, "none");
-  ASSERT_EQ(got.size(), want.size());
-  size_t agreed = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const auto& g = got[i].tokens;
-    const auto& w = want[i].tokens;
-    ASSERT_EQ(g.size(), 24u);
-    size_t same = 0;
-    while (same < g.size() && same < w.size() && g[same] == w[same]) ++same;
-    agreed += same;
-    for (size_t p = 0; p <= std::min(same, g.size() - 1); ++p) {
-      for (const TokenLogprob& ours : got[i].top_logprobs.at(p)) {
-        for (const TokenLogprob& theirs : want[i].top_logprobs.at(p)) {
-          if (ours.token == theirs.token) EXPECT_NEAR(ours.logprob, theirs.logprob, 0.1) << "prompt " << i << " step " << p;
-        }
-      }
-    }
-    if (same == g.size()) continue;
-    const auto& top = want[i].top_logprobs.at(same);
-    const auto ours = std::find_if(top.begin(), top.end(), [&](const TokenLogprob& t) { return t.token == g[same]; });
-    ASSERT_NE(ours, top.end()) << "prompt " << i << " token " << same << ": ours is not in the f32 run's top 5";
-    EXPECT_LT(want[i].logprobs.at(same) - ours->logprob, 0.1) << "prompt " << i << " parted on a clear choice";
-  }
-  EXPECT_GE(agreed, 12u) << "a long stretch of equal tokens";
-}
-
 // One IQ2 and one IQ3 type (quantizing is the slow part): the tiny preset on whole super-blocks.
 TEST(GgufIqTypes, SynthModelsDecodeAsTheirWeightsInF32) {
   test::TempDir dir;
@@ -190,7 +139,7 @@ TEST(GgufIqTypes, SynthModelsDecodeAsTheirWeightsInF32) {
     const std::string f = test::cpu_pipeline(path, {{"quantizer", {{"plugin", "gguf"}}}})->model().weight_formats();
     EXPECT_THAT(f, HasSubstr(std::string(name) + " x "));
     EXPECT_THAT(f, testing::Not(HasSubstr("f32"))) << "every matrix runs on its blocks";
-    expect_same_tokens(path);
+    test::expect_same_tokens(path, 12);
   }
 }
 

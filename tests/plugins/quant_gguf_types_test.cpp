@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gguf_decode_check.h"
 #include "test_util.h"
 #include "tessera/engine.h"
 #include "tessera/quantize_blocks.h"
@@ -160,65 +161,6 @@ TEST(GgufTypes, SameBitsOnOneThreadOrFourAloneOrInABatch) {
   test::cpu_backend().set_threads(2);
 }
 
-// Greedy runs of a pipeline on `path` with the given quantizer, with the top 5 log-probabilities.
-std::vector<GenerationResult> greedy(const std::string& path, const std::string& quantizer) {
-  auto p = test::cpu_pipeline(path, {{"quantizer", {{"plugin", quantizer}}}});
-  std::vector<GenerationResult> out;
-  const std::vector<std::vector<int32_t>> prompts = {{1, 300, 301, 302}, {1, 400, 270}, {1, 280, 290}, {1, 350}};
-  for (const std::vector<int32_t>& prompt : prompts) {
-    Engine engine(*p);
-    GenerationRequest req;
-    req.prompt = prompt;
-    req.max_tokens = 24;
-    req.ignore_eos = true;
-    SamplingParams s;
-    s.temperature = 0;
-    s.logprobs = 5;
-    req.sampling = s;
-    engine.submit(std::move(req));
-    engine.run_until_idle();
-    auto results = engine.take_finished();
-    EXPECT_EQ(results.size(), 1u);
-    if (!results.empty()) out.push_back(std::move(results[0]));
-  }
-  return out;
-}
-
-// The blocks run in place (8-bit activations) decode the tokens of the same weights in f32 (quantizer
-// none): equal, or parting only at a near-tie of the f32 run, where its choice and ours are within
-// 0.1 nats; and at every step until they part, each token both runs list in their top 5 has the
-// same log-probability within 0.1 (8-bit activations move them by 0.01-0.05 on these random
-// models, whose flat distributions are full of near-ties; a wrong kernel moves them by far more).
-// A long stretch of tokens agrees over the prompts.
-void expect_same_tokens(const std::string& path) {
-  const auto got = greedy(path, "gguf"), want = greedy(path, "none");
-  ASSERT_EQ(got.size(), want.size());
-  size_t agreed = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const auto& g = got[i].tokens;
-    const auto& w = want[i].tokens;
-    ASSERT_EQ(g.size(), 24u);
-    size_t same = 0;
-    while (same < g.size() && same < w.size() && g[same] == w[same]) ++same;
-    agreed += same;
-    for (size_t p = 0; p <= std::min(same, g.size() - 1); ++p) {
-      for (const TokenLogprob& ours : got[i].top_logprobs.at(p)) {
-        for (const TokenLogprob& theirs : want[i].top_logprobs.at(p)) {
-          if (ours.token == theirs.token) {
-            EXPECT_NEAR(ours.logprob, theirs.logprob, 0.1) << "prompt " << i << " step " << p << " token " << ours.token;
-          }
-        }
-      }
-    }
-    if (same == g.size()) continue;
-    const auto& top = want[i].top_logprobs.at(same);
-    const auto ours = std::find_if(top.begin(), top.end(), [&](const TokenLogprob& t) { return t.token == g[same]; });
-    ASSERT_NE(ours, top.end()) << "prompt " << i << " token " << same << ": ours is not in the f32 run's top 5";
-    EXPECT_LT(want[i].logprobs.at(same) - ours->logprob, 0.1)
-        << "prompt " << i << " parted from the f32 run at token " << same << " on a clear choice";
-  }
-  EXPECT_GE(agreed, 16u) << "a long stretch of equal tokens";
-}
 
 // The tiny preset with every matrix whole blocks of `t`: its rows of 64 and 172 are not whole
 // super-blocks, so k-quants take dim 256 and ffn 512.
@@ -247,7 +189,7 @@ TEST(GgufTypes, SynthModelsDecodeAsTheirWeightsInF32) {
     const std::string f = formats(path);
     EXPECT_THAT(f, HasSubstr(std::string(dtype_name(t)) + " x "));
     EXPECT_THAT(f, testing::Not(HasSubstr("f32"))) << "every matrix runs on its blocks";
-    expect_same_tokens(path);
+    test::expect_same_tokens(path);
   }
 }
 
@@ -269,7 +211,7 @@ TEST(GgufTypes, MixedRecipesRunEachTensorInItsOwnType) {
     write_synthetic_model(s, path);
     const std::string f = formats(path);
     for (const char* t : c.types) EXPECT_THAT(f, HasSubstr(t));
-    expect_same_tokens(path);
+    test::expect_same_tokens(path);
   }
   SynthSpec wrong = spec_for(DType::Q4_K);
   wrong.recipe = "q5_k_m";
