@@ -40,7 +40,8 @@ void list(const std::string& format) {
     return;
   }
   for (ComponentKind kind : {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
-                             ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder}) {
+                             ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder,
+                             ComponentKind::constraint}) {
     for (const PluginEntry* e : registry.entries(kind)) {
       std::cout << kind_name(kind) << " " << e->name << "  — " << e->doc << "\n    library: " << e->library << "\n";
       for (const auto& s : e->params) {
@@ -83,7 +84,8 @@ void markdown() {
     throw Error(msg);
   }
   for (ComponentKind kind : {ComponentKind::quantizer, ComponentKind::attention, ComponentKind::cache,
-                             ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::backend}) {
+                             ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::constraint,
+                             ComponentKind::backend}) {
     auto entries = registry.entries(kind);
     std::sort(entries.begin(), entries.end(), [](const PluginEntry* a, const PluginEntry* b) { return a->name < b->name; });
     const std::string k(kind_name(kind));

@@ -8,6 +8,7 @@
 #include "tessera/decoder.h"
 #include "tessera/engine.h"
 #include "tessera/error.h"
+#include "tessera/read_file.h"
 
 namespace tessera::cli {
 
@@ -38,7 +39,22 @@ struct RunArgs {
   std::optional<int64_t> logprobs;  // absent: none reported; 0: the chosen token's; N: and N alternatives
   std::string format = "text";
   bool ignore_eos = false;
+  std::string json_schema, grammar, regex;  // structured output: a file (schema, GBNF) or a pattern
+  bool json = false;                        // any JSON object
 };
+
+// The output constraint the flags ask for (at most one), compiled against the model's vocabulary.
+std::shared_ptr<const CompiledConstraint> run_constraint(const RunArgs& args, const Pipeline& pipeline) {
+  std::vector<ConstraintSpec> specs;
+  if (!args.json_schema.empty())
+    specs.push_back({"json_schema", read_file(args.json_schema, "--json-schema"), args.json_schema});
+  if (!args.grammar.empty()) specs.push_back({"grammar", read_file(args.grammar, "--grammar"), args.grammar});
+  if (!args.regex.empty()) specs.push_back({"regex", args.regex, "--regex"});
+  if (args.json) specs.push_back({"json_object", "", "--json"});
+  if (specs.empty()) return nullptr;
+  if (specs.size() > 1) throw Error("--json-schema, --grammar, --regex and --json: give at most one");
+  return pipeline.constraint().compile(specs[0]);
+}
 
 double rate(double count, double seconds) { return seconds > 0 ? count / seconds : 0.0; }
 
@@ -68,6 +84,7 @@ void run(const RunArgs& args) {
   std::vector<std::string> prompts = args.prompts;
   if (prompts.empty()) prompts.push_back("");  // generate from BOS alone
   const bool stream = args.format == "text" && prompts.size() == 1;
+  const std::shared_ptr<const CompiledConstraint> constraint = run_constraint(args, *pipeline);
   std::vector<RequestId> ids;
   for (const auto& text : prompts) {
     GenerationRequest req;
@@ -77,6 +94,7 @@ void run(const RunArgs& args) {
     req.sampling = sampling;
     req.ignore_eos = args.ignore_eos;
     req.stop = args.stop;
+    req.constraint = constraint;
     if (stream) req.on_text = [](RequestId, std::string_view t) { std::cout << t << std::flush; };
     ids.push_back(engine.submit(std::move(req)));  // refuses a prompt the context cannot hold
     if (stream) std::cout << text << std::flush;  // echoed once accepted, before the first token
@@ -198,6 +216,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--logprobs", args->logprobs,
                   "report each generated token's log-probability and N alternatives (0..20; JSON output)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the end-of-sequence token");
+  cmd->add_option("--json-schema", args->json_schema, "JSON Schema file: the output is JSON valid under it");
+  cmd->add_option("--grammar", args->grammar, "GBNF grammar file (llama.cpp's format): the output is a sentence of it");
+  cmd->add_option("--regex", args->regex, "the whole output matches this regular expression");
+  cmd->add_flag("--json", args->json, "the output is a JSON object");
   cmd->add_option("--format", args->format, "text or json (one JSON object per prompt, per line)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([args] { run(*args); });

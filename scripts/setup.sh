@@ -18,9 +18,10 @@ packages=(build-essential cmake ninja-build pkg-config ccache
           libdnnl-dev ocl-icd-opencl-dev)
 if [ "$mode" = all ]; then
   # Tests and benchmarks; the HIP toolkit (CI compiles the HIP backend); the oracles tests call
-  # (/usr/bin/python3 with Jinja2 and NumPy); chromium renders the bench report's HTML in a test.
+  # (/usr/bin/python3 with Jinja2, NumPy and jsonschema, which validates structured output);
+  # chromium renders the bench report's HTML in a test.
   packages+=(libgtest-dev libgmock-dev libbenchmark-dev hipcc libamdhip64-dev
-             python3 python3-jinja2 python3-numpy chromium)
+             python3 python3-jinja2 python3-numpy python3-jsonschema chromium)
   # The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang with its sanitizer
   # runtimes and libFuzzer (libclang-rt-14-dev), and its OpenMP runtime with Archer (libomp-14-dev).
   packages+=(clang-14 libclang-rt-14-dev libomp-14-dev)

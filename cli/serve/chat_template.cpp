@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/error.h"
+#include "tool_calls.h"
 
 namespace tessera::serve {
 
@@ -19,11 +20,21 @@ std::string token_text(const Tokenizer& tok, int32_t id) {
   return id >= 0 && id < tok.vocab_size() ? tok.vocabulary().tokens[size_t(id)] : std::string();
 }
 
-// A Jinja template's text for the conversation, as transformers renders it for generation.
-std::string render_with(const JinjaTemplate& t, const std::vector<ChatMessage>& messages, const std::string& bos,
-                        const std::string& eos) {
+// A Jinja template's text for the conversation, as transformers renders it for generation: tool
+// calls with their arguments as objects, tool results with their call's id, tools as sent.
+std::string render_with(const JinjaTemplate& t, const std::vector<ChatMessage>& messages,
+                        const std::vector<ToolDef>& tools, const std::string& bos, const std::string& eos) {
   ChatTemplateInputs in;
-  for (const ChatMessage& m : messages) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (const ChatMessage& m : messages) {
+    nlohmann::ordered_json msg = {{"role", m.role}, {"content", m.null_content ? nlohmann::ordered_json() : nlohmann::ordered_json(m.content)}};
+    if (!m.tool_calls.is_null()) msg["tool_calls"] = m.tool_calls;
+    if (m.role == "tool") msg["tool_call_id"] = m.tool_call_id;
+    in.messages.push_back(std::move(msg));
+  }
+  if (!tools.empty()) {
+    in.tools = nlohmann::ordered_json::array();
+    for (const ToolDef& d : tools) in.tools.push_back(d.tool);
+  }
   in.add_generation_prompt = true;
   in.bos_token = bos;
   in.eos_token = eos;
@@ -59,7 +70,10 @@ ChatTemplate ChatTemplate::from_jinja(const std::string& source) {
   t.jinja_source_ = source;
   t.source_ = "gguf";
   // A template that cannot render a plain user turn (an unsupported construct) is no use.
-  t.render_text({{"user", "Hello"}});
+  ChatMessage hello;
+  hello.role = "user";
+  hello.content = "Hello";
+  t.render_text({hello});
   return t;
 }
 
@@ -116,7 +130,19 @@ std::string ChatTemplate::name() const {
   return "?";
 }
 
-std::vector<ChatSegment> ChatTemplate::render(const std::vector<ChatMessage>& messages) const {
+bool ChatTemplate::renders_tools() const {
+  return format_ == ChatFormat::jinja && jinja_source_.find("tools") != std::string::npos;
+}
+
+bool ChatTemplate::wants_short_call_ids() const {
+  return format_ == ChatFormat::jinja && jinja_source_.find("alphanumeric strings with length 9") != std::string::npos;
+}
+
+std::vector<ChatSegment> ChatTemplate::render(const std::vector<ChatMessage>& request_messages,
+                                              const std::vector<ToolDef>& tools) const {
+  const bool as_text = !renders_tools();
+  const std::vector<ChatMessage> messages =
+      as_text ? messages_with_tools_as_text(request_messages, tools) : request_messages;
   std::vector<ChatSegment> out;
   auto text = [&](const std::string& s) {
     if (s.empty()) return;
@@ -189,26 +215,32 @@ std::vector<ChatSegment> ChatTemplate::render(const std::vector<ChatMessage>& me
       for (const auto& m : messages) text("<|" + m.role + "|>\n" + m.content + "\n");
       text("<|assistant|>\n");
       break;
-    case ChatFormat::jinja: text(render_with(*jinja_, messages, "<s>", "</s>")); break;
+    case ChatFormat::jinja: text(render_with(*jinja_, messages, as_text ? std::vector<ToolDef>{} : tools, "<s>", "</s>")); break;
   }
   return out;
 }
 
-std::string ChatTemplate::render_text(const std::vector<ChatMessage>& messages) const {
+std::string ChatTemplate::render_text(const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools) const {
   std::string s;
-  for (const auto& seg : render(messages)) s += seg.text;
+  for (const auto& seg : render(messages, tools)) s += seg.text;
   return s;
 }
 
-std::string ChatTemplate::render_jinja(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const {
+std::string ChatTemplate::render_jinja(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                       const std::vector<ToolDef>& tools) const {
   if (!jinja_) throw Error("chat template '" + name() + "' is not a Jinja template");
-  return render_with(*jinja_, messages, token_text(tok, tok.bos()), token_text(tok, tok.eos()));
+  if (!renders_tools()) {
+    return render_with(*jinja_, messages_with_tools_as_text(messages, tools), {}, token_text(tok, tok.bos()),
+                       token_text(tok, tok.eos()));
+  }
+  return render_with(*jinja_, messages, tools, token_text(tok, tok.bos()), token_text(tok, tok.eos()));
 }
 
-std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages) const {
+std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                          const std::vector<ToolDef>& tools) const {
   std::vector<int32_t> ids;
   if (format_ == ChatFormat::jinja) {
-    const std::string text = render_jinja(tok, messages);
+    const std::string text = render_jinja(tok, messages, tools);
     const std::string bos = token_text(tok, tok.bos());
     // Templates usually print bos_token themselves; BOS is added only when the text lacks it.
     if (tok.vocabulary().add_bos && tok.bos() >= 0 && (bos.empty() || text.rfind(bos, 0) != 0)) ids.push_back(tok.bos());
@@ -224,7 +256,7 @@ std::vector<int32_t> ChatTemplate::encode(const Tokenizer& tok, const std::vecto
     ids.insert(ids.end(), t.begin(), t.end());
     pending.clear();
   };
-  for (const ChatSegment& seg : render(messages)) {
+  for (const ChatSegment& seg : render(messages, tools)) {
     std::string marker = seg.text;
     if (seg.special && marker == "</s>") marker = eos_text(tok);
     if (seg.special && marker == "<s>" && tok.bos() >= 0) marker = tok.vocabulary().tokens[size_t(tok.bos())];

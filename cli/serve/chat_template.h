@@ -58,18 +58,27 @@ class ChatTemplate {
   // For /v1/models: {"source": "gguf" | "builtin:<name>" | "fallback", "format", "warning"?}.
   nlohmann::json describe() const;
 
+  // Whether the template renders the request's tools itself (a Jinja template that reads `tools`).
+  // Otherwise tools, tool calls and tool results are written as text (messages_with_tools_as_text).
+  bool renders_tools() const;
+  // Whether the template refuses tool call ids other than 9 letters and digits (Mistral's): the
+  // server then gives its calls such ids, so that a client can send them back.
+  bool wants_short_call_ids() const;
+
   // The conversation as segments, ending where the assistant's answer begins.
-  std::vector<ChatSegment> render(const std::vector<ChatMessage>& messages) const;
+  std::vector<ChatSegment> render(const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools = {}) const;
   // render() joined to one string (markers as text): what the model reads, for logs and tests.
   // A Jinja template renders with bos_token/eos_token "<s>"/"</s>" here.
-  std::string render_text(const std::vector<ChatMessage>& messages) const;
+  std::string render_text(const std::vector<ChatMessage>& messages, const std::vector<ToolDef>& tools = {}) const;
   // The Jinja template's text for `messages` with the vocabulary's BOS/EOS texts; throws Error
   // (naming the template line) when the template refuses the conversation.
-  std::string render_jinja(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages) const;
+  std::string render_jinja(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+                           const std::vector<ToolDef>& tools = {}) const;
   // Prompt tokens: BOS when the tokenizer adds one, markers as their tokens when the vocabulary has
   // them, the rest encoded as text. A Jinja template's text is encoded with control tokens parsed,
   // after BOS unless the text already starts with it (templates usually print bos_token).
-  std::vector<int32_t> encode(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages) const;
+  std::vector<int32_t> encode(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+                              const std::vector<ToolDef>& tools = {}) const;
   // Where the assistant's turn ends (EOS always does): marker tokens (when in the vocabulary) and stop
   // strings. A Jinja template's end-of-turn markers are the known ones its source prints.
   std::vector<int32_t> stop_tokens(const Tokenizer& tokenizer) const;

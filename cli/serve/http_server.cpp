@@ -10,7 +10,9 @@
 
 #include "api_error.h"
 #include "openai_response.h"
+#include "structured_output.h"
 #include "tessera/error.h"
+#include "tool_calls.h"
 
 namespace tessera::serve {
 
@@ -89,7 +91,9 @@ struct HttpServer::Stream {
   std::shared_ptr<RequestHandle> handle;
   OpenAiRequest request;
   ResponseMeta meta;
-  std::string pending;  // text not yet sent (an unfinished UTF-8 sequence)
+  std::string pending;  // text not yet sent (an unfinished UTF-8 sequence, or a tool call being written)
+  // With tools: whether the output is held back as a (possible) tool call until it ends.
+  OutputStart hold = OutputStart::text;
   bool finished = false;  // the last chunk and [DONE] went out
   bool observed = false;  // its result is in the metrics
 };
@@ -285,7 +289,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
   GenerationRequest g;
   try {
     if (chat) {
-      g.prompt = chat_.encode(tok, r.messages);
+      g.prompt = chat_.encode(tok, r.messages, r.tools);
       g.stop_tokens = chat_.stop_tokens(tok);
       for (const auto& s : chat_.stop_strings(tok)) g.stop.push_back(s);
     } else if (r.prompt_text) {
@@ -387,6 +391,10 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
     user = r.user;
     check_model(r.model);
     GenerationRequest g = build_request(r);
+    std::string constraint_kind;
+    g.constraint = compile_request_constraint(pipeline_.constraint(), r, &constraint_kind);
+    // Tool calls are read back from the output unless tool_choice is none.
+    const bool tool_calls = endpoint == Endpoint::chat && !r.tools.empty() && r.tool_choice != ToolChoice::none;
     if (!admission.enter()) {
       throw ApiError(429, "the server is at capacity (" + std::to_string(config_.max_queue) +
                               " requests in flight); retry later", "", "queue_full");
@@ -398,6 +406,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       if (draining_ || !engine_.failure().empty()) throw ApiError(503, e.what(), "", "unavailable", "server_error");
       throw bad_field("", e.what());
     }
+    if (!constraint_kind.empty()) metrics_.count_constrained(constraint_kind);
     ResponseMeta meta{endpoint, (endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-") + std::to_string(handle->id()),
                       int64_t(std::time(nullptr)), config_.model_name};
     if (r.stream) {
@@ -405,6 +414,9 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       st.handle = std::move(handle);
       st.request = std::move(r);
       st.meta = std::move(meta);
+      if (tool_calls) {
+        st.hold = st.request.tool_choice == ToolChoice::automatic ? OutputStart::undecided : OutputStart::call;
+      }
       metrics_.count_http(route, 200);  // the route counts the head it sends now
       stream(st, conn);
       return std::nullopt;
@@ -436,7 +448,16 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
     if (result->reason == FinishReason::cancelled) {
       throw ApiError(503, "the request was cancelled: the server is shutting down", "", "cancelled", "server_error");
     }
-    res = json_response(200, response_json(meta, *result, r, pipeline_.tokenizer()));
+    json body = response_json(meta, *result, r, pipeline_.tokenizer());
+    if (tool_calls) {
+      if (auto calls = parse_tool_calls(result->text, r.tools, r.parallel_tool_calls, chat_.wants_short_call_ids())) {
+        json& choice = body["choices"][0];
+        choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(*calls);
+        choice["finish_reason"] = "tool_calls";
+      }
+    }
+    res = json_response(200, body);
     metrics_.count_user(user, 200);
   } catch (const ApiError& e) {
     res = error_response(e);
@@ -458,7 +479,8 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
     st.handle->wait(std::chrono::milliseconds(50), text, result);
     st.pending += text;
     if (!result) {
-      const size_t n = complete_utf8_prefix(st.pending);
+      if (st.hold == OutputStart::undecided) st.hold = classify_output_start(st.pending);
+      const size_t n = st.hold == OutputStart::text ? complete_utf8_prefix(st.pending) : 0;
       if (n > 0) {
         send(chunk_json(st.meta, st.pending.substr(0, n)));
         st.pending.erase(0, n);
@@ -468,7 +490,22 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
     }
     metrics_.observe(st.request.user, *result);
     st.observed = true;
-    if (!st.pending.empty()) send(chunk_json(st.meta, st.pending));
+    std::optional<std::vector<ToolCall>> calls;
+    const bool answered = result->reason != FinishReason::error && result->reason != FinishReason::cancelled;
+    if (st.hold != OutputStart::text && answered) {
+      calls = parse_tool_calls(st.pending, st.request.tools, st.request.parallel_tool_calls, chat_.wants_short_call_ids());
+    }
+    if (calls) {
+      // Each call whole in one delta (OpenAI's clients join the pieces of a call by its index).
+      const json deltas = tool_calls_json(*calls, /*delta=*/true);
+      for (const json& d : deltas) {
+        json chunk = chunk_json(st.meta, "");
+        chunk["choices"][0]["delta"]["tool_calls"] = json::array({d});
+        send(chunk);
+      }
+    } else if (!st.pending.empty()) {
+      send(chunk_json(st.meta, st.pending));
+    }
     if (result->reason == FinishReason::error || result->reason == FinishReason::cancelled) {
       const ApiError e = result->reason == FinishReason::cancelled
                              ? ApiError(503, "the request was cancelled: the server is shutting down", "",
@@ -476,7 +513,7 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
                              : ApiError(500, result->error, "", "generation_failed", "server_error");
       send(e.body());
     } else {
-      json last = chunk_json(st.meta, "", nullptr, openai_finish_reason(result->reason));
+      json last = chunk_json(st.meta, "", nullptr, calls ? "tool_calls" : openai_finish_reason(result->reason));
       // Usage rides on the last chunk, or with include_usage in OpenAI's separate usage chunk
       // alone: once, for clients that add up the usage of every chunk.
       if (st.request.include_usage) {

@@ -105,6 +105,11 @@ void ServerMetrics::count_user(const std::string& user, int status) {
   ++user_series(user).requests[status];
 }
 
+void ServerMetrics::count_constrained(const std::string& kind) {
+  std::lock_guard lock(mutex_);
+  ++constrained_[kind];
+}
+
 void ServerMetrics::observe(const std::string& user, const GenerationResult& r) {
   std::lock_guard lock(mutex_);
   for (Series* s : {&global_, &user_series(user)}) {
@@ -130,6 +135,12 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
       sample(out, "tessera_user_requests_total", user_label(user) + ",status=\"" + std::to_string(status) + "\"",
              double(n));
     }
+  }
+
+  header(out, "tessera_constrained_requests_total", "counter",
+         "Generation requests with structured output (response_format, guided_*, tool_choice required or named), by kind.");
+  for (const auto& [kind, n] : constrained_) {
+    sample(out, "tessera_constrained_requests_total", "type=\"" + prom_escape(kind) + "\"", double(n));
   }
 
   struct Counter {

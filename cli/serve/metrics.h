@@ -38,6 +38,9 @@ class ServerMetrics {
   // A generation request's outcome for its user ("" = the request named none or was not parsed;
   // 499 = the client went away mid-stream).
   void count_user(const std::string& user, int status);
+  // A generation request with a constraint (structured output), by its kind: json_object,
+  // json_schema, grammar, regex, choice or tools (tool_choice required or named).
+  void count_constrained(const std::string& kind);
   // A finished generation: tokens in/out and its latencies (seconds on the engine clock).
   void observe(const std::string& user, const GenerationResult& result);
   // The whole page; draft metrics where the pipeline `speculates`.
@@ -54,6 +57,7 @@ class ServerMetrics {
 
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status)
+  std::map<std::string, int64_t> constrained_;  // by kind
   Series global_;
   std::map<std::string, Series> users_;
 };

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api_error.h"
+#include "structured_output.h"
 
 namespace tessera::serve {
 
@@ -179,16 +180,11 @@ void read_messages(Fields& f, OpenAiRequest& r) {
   if (m == nullptr) throw bad_field("messages", "'messages' is required", "missing_required_parameter");
   if (!m->is_array()) wrong_type("messages", "an array of messages", *m);
   if (m->empty()) throw bad_field("messages", "'messages' is empty; give at least one message");
-  static const std::set<std::string> roles = {"system", "developer", "user", "assistant"};
+  static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
     const std::string field = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) wrong_type(field, "an object with 'role' and 'content'", msg);
-    for (const auto& [key, value] : msg.items()) {
-      if (key != "role" && key != "content" && key != "name") {
-        throw bad_field(field + "." + key, "unrecognized message field '" + key + "'", "unknown_parameter");
-      }
-    }
     const auto role = msg.find("role");
     if (role == msg.end() || role->is_null()) {
       throw bad_field(field + ".role", "'" + field + ".role' is required", "missing_required_parameter");
@@ -196,12 +192,34 @@ void read_messages(Fields& f, OpenAiRequest& r) {
     if (!role->is_string()) wrong_type(field + ".role", "a string", *role);
     if (!roles.count(role->get<std::string>())) {
       throw bad_field(field + ".role", "'" + field + ".role' is " + role->dump() +
-                                           "; expected system, developer, user or assistant");
+                                           "; expected system, developer, user, assistant or tool");
     }
     ChatMessage cm;
     cm.role = role->get<std::string>();
+    for (const auto& [key, value] : msg.items()) {
+      const bool known = key == "role" || key == "content" || key == "name" ||
+                         (key == "tool_calls" && cm.role == "assistant") ||
+                         (key == "tool_call_id" && cm.role == "tool");
+      if (!known) throw bad_field(field + "." + key, "unrecognized message field '" + key + "'", "unknown_parameter");
+    }
     if (cm.role == "developer") cm.role = "system";
-    cm.content = message_content(msg, field);
+    if (const auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null()) {
+      cm.tool_calls = read_message_tool_calls(*calls, field + ".tool_calls");
+    }
+    if (cm.role == "tool") {
+      const auto id = msg.find("tool_call_id");
+      if (id == msg.end() || id->is_null()) {
+        throw bad_field(field + ".tool_call_id", "'" + field + ".tool_call_id' is required", "missing_required_parameter");
+      }
+      if (!id->is_string()) wrong_type(field + ".tool_call_id", "a string", *id);
+      cm.tool_call_id = id->get<std::string>();
+    }
+    const auto content = msg.find("content");
+    if (!cm.tool_calls.is_null() && (content == msg.end() || content->is_null())) {
+      cm.null_content = true;  // an assistant turn that only called tools
+    } else {
+      cm.content = message_content(msg, field);
+    }
     r.messages.push_back(std::move(cm));
   }
 }
@@ -243,27 +261,16 @@ void refuse_unsupported(Fields& f, Endpoint endpoint) {
     if (!lb->empty()) throw bad_field("logit_bias", "'logit_bias' is not supported");
   }
   if (endpoint == Endpoint::chat) {
-    for (const char* k : {"tools", "functions"}) {
-      if (const json* t = f.get(k)) {
-        if (!t->is_array()) wrong_type(k, "an array", *t);
-        if (!t->empty()) throw bad_field(k, std::string("'") + k + "' (tool calling) is not supported");
-      }
+    // The legacy names of tool calling (before `tools`).
+    if (const json* t = f.get("functions")) {
+      if (!t->is_array()) wrong_type("functions", "an array", *t);
+      if (!t->empty()) throw bad_field("functions", "'functions' (legacy function calling) is not supported; use 'tools'");
     }
-    for (const char* k : {"tool_choice", "function_call"}) {
-      if (const json* t = f.get(k); t && !(t->is_string() && *t == "none")) {
-        throw bad_field(k, std::string("'") + k + "' (tool calling) is not supported");
-      }
-    }
-    if (const json* rf = f.get("response_format")) {
-      if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-      const auto t = rf->find("type");
-      if (t == rf->end() || *t != "text") {
-        throw bad_field("response_format", "'response_format' must be {\"type\": \"text\"}; structured output is not supported");
-      }
+    if (const json* t = f.get("function_call"); t && !(t->is_string() && *t == "none")) {
+      throw bad_field("function_call", "'function_call' (legacy function calling) is not supported; use 'tool_choice'");
     }
   }
 }
-
 
 // A request body: a JSON object.
 json parse_body(std::string_view body) {
@@ -349,6 +356,19 @@ OpenAiRequest parse_openai_request(Endpoint endpoint, std::string_view body) {
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.priority = f.integer("priority", -kMaxPriority, kMaxPriority).value_or(0);
   refuse_unsupported(f, endpoint);
+  // Structured output and tools: read from the body again with object members in their order.
+  bool structured = false;
+  for (const char* k : kStructuredFields) {
+    const bool chat_only = std::string_view(k) == "tools" || std::string_view(k) == "tool_choice" ||
+                           std::string_view(k) == "parallel_tool_calls";
+    if (chat_only && endpoint != Endpoint::chat) continue;  // refused below as unknown
+    structured = (f.get(k) != nullptr) || structured;
+  }
+  if (structured) {
+    const nlohmann::ordered_json fields = ordered_structured_fields(body);
+    read_structured_output(fields, r);
+    if (endpoint == Endpoint::chat) read_tools(fields, r);
+  }
   f.refuse_unknown();
   return r;
 }

@@ -9,14 +9,35 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "tessera/constraint.h"
+
 namespace tessera::serve {
 
 enum class Endpoint { completions, chat };
 
 struct ChatMessage {
-  std::string role;  // system, developer, user, assistant
+  std::string role;  // system (developer too), user, assistant, tool
   std::string content;
+  bool null_content = false;  // an assistant message with tool calls and `content: null`
+  std::string tool_call_id;   // role tool: the call it answers
+  // Role assistant: [{"id", "type": "function", "function": {"name", "arguments": OBJECT}}] with the
+  // arguments parsed from their JSON text, as chat templates expect them; null: no tool calls.
+  nlohmann::ordered_json tool_calls;
 };
+
+// One of the request's `tools` (a function).
+struct ToolDef {
+  std::string name;
+  std::string description;
+  nlohmann::ordered_json parameters;  // its JSON Schema; {"type": "object"} when not given
+  nlohmann::ordered_json tool;        // the tool as the client sent it, for chat templates
+};
+
+// tool_choice: none (no call), auto (the model decides; calls are parsed from its output),
+// required (one call to any tool, constrained), named (a call to `tool_name`, constrained).
+enum class ToolChoice { none, automatic, required, named };
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::completions;
@@ -42,6 +63,15 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (as vLLM): generate max_tokens whatever the model says
   int64_t priority = 0;        // extension (as vLLM): lower is served first (schedulers with priorities)
+
+  // Structured output: response_format (json_object, json_schema) or one of vLLM's guided_json,
+  // guided_regex, guided_grammar, guided_choice; `where` names the field. Unset: free text.
+  std::optional<ConstraintSpec> constraint;
+  // chat: tools and tool_choice (default auto with tools, none without).
+  std::vector<ToolDef> tools;
+  ToolChoice tool_choice = ToolChoice::none;
+  std::string tool_name;  // tool_choice named
+  bool parallel_tool_calls = true;
 };
 
 // Largest values accepted (OpenAI's limits where it has one).

@@ -19,13 +19,15 @@ std::string_view kind_name(ComponentKind k) {
     case ComponentKind::cache: return "cache";
     case ComponentKind::scheduler: return "scheduler";
     case ComponentKind::decoder: return "decoder";
+    case ComponentKind::constraint: return "constraint";
   }
   return "?";
 }
 
 bool parse_kind(std::string_view text, ComponentKind* out) {
   for (auto k : {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
-                 ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder}) {
+                 ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder,
+                 ComponentKind::constraint}) {
     if (kind_name(k) == text) {
       *out = k;
       return true;

@@ -78,6 +78,7 @@ RequestId Engine::submit(GenerationRequest request) {
   s->result.prompt = request.prompt;
   s->tokens = request.prompt;
   s->max_total = std::min(limit, n + request.max_tokens);
+  if (request.constraint != nullptr) s->constraint = request.constraint->start();
   s->request = std::move(request);
 
   std::lock_guard lock(mutex_);
@@ -288,6 +289,8 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
     item.prompt_tokens = int64_t(s->request.prompt.size());
     item.draft = s->draft;
     item.rng_state = &s->rng;
+    item.constraint = s->constraint.get();
+    item.tokens_left = s->max_total - int64_t(s->tokens.size());
     items.push_back(std::move(item));
     item_seqs.push_back(s);
     row += size_t(batch[i].logit_rows);
@@ -349,6 +352,14 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
       finish(*s, FinishReason::error);
       continue;
     }
+    if (item.constraint_dead_end) {
+      // The grammar wants bytes that no token of this vocabulary spells (or the decoder returned a
+      // token outside the mask): fail rather than emit output that breaks the constraint.
+      s->result.error = "the output constraint allows no token of this vocabulary after " +
+                        std::to_string(s->result.tokens.size()) + " generated tokens";
+      finish(*s, FinishReason::error);
+      continue;
+    }
     FinishReason reason = FinishReason::none;
     for (size_t k = 0; k < item.tokens.size(); ++k) {
       const int32_t tok = item.tokens[k];
@@ -369,6 +380,8 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
         reason = FinishReason::eos;
       } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
         reason = FinishReason::stop;
+      } else if (s->constraint != nullptr && k + 1 == item.tokens.size() && s->constraint->finished()) {
+        reason = FinishReason::stop;  // the constraint is complete: nothing but an end may follow
       } else if (int64_t(s->tokens.size()) >= s->max_total) {
         reason = FinishReason::length;
       }

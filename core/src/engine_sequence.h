@@ -21,6 +21,7 @@ struct Engine::Sequence {
   uint64_t rng = 0;
   SamplingParams sampling;
   TextStream text;  // detokenized output, stop strings
+  std::unique_ptr<ConstraintState> constraint;  // where the output is in the request's constraint
   // Speculation this step: the drafts, and the tokens the target scores ([last, drafts...]).
   std::vector<int32_t> draft;
   std::vector<int32_t> verify_tokens;

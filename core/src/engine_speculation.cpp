@@ -60,6 +60,14 @@ void Engine::draft(std::vector<ForwardSeq>& batch, const std::vector<Sequence*>&
     const size_t i = positions[r];
     Sequence* s = batch_seqs[i];
     s->draft = req.draft;
+    if (s->constraint != nullptr) {
+      // Drafts after the first one the constraint refuses cannot be kept: verify only up to it (that
+      // one is kept so that the decoder rejects it and rolls its proposer back as usual).
+      size_t ok = 0;
+      while (ok < s->draft.size() && s->constraint->accept(s->draft[ok])) ++ok;
+      s->constraint->rollback(int64_t(ok));
+      s->draft.resize(std::min(s->draft.size(), ok + 1));
+    }
     s->verify_tokens.assign(1, s->tokens.back());
     s->verify_tokens.insert(s->verify_tokens.end(), s->draft.begin(), s->draft.end());
     batch[i].tokens = s->verify_tokens;

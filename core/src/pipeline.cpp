@@ -141,6 +141,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   create(ComponentKind::cache, p->cache_);
   create(ComponentKind::scheduler, p->scheduler_);
   create(ComponentKind::decoder, p->decoder_);
+  create(ComponentKind::constraint, p->constraint_);
 
   p->file_ = GgufFile::open(spec.model);
   try {
@@ -165,6 +166,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
                 " tokens but token_embd.weight has " + std::to_string(mc.vocab) + " rows");
   }
 
+  p->constraint_->set_vocabulary(constraint_vocab(*p->tokenizer_));
   AttentionShape shape = attention_shape(mc);
   p->attention_->configure(shape);
   CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, spec.kv_dtype};

@@ -23,6 +23,7 @@ std::string default_plugin(ComponentKind kind) {
     case ComponentKind::cache: return "contiguous";
     case ComponentKind::scheduler: return "fcfs";
     case ComponentKind::decoder: return "sampling";
+    case ComponentKind::constraint: return "grammar";
     case ComponentKind::backend: return "auto";
   }
   return "";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -250,10 +251,41 @@ void TokenSampler::record(DecodeItem& item, const float* logits, int32_t token) 
   }
 }
 
+const float* TokenSampler::constrained(DecodeItem& item, const float* logits, int64_t tokens_left) {
+  if (item.constraint == nullptr) return logits;
+  mask_.resize(mask_words(item.vocab));
+  item.constraint->fill_mask(mask_, tokens_left);
+  masked_.assign(logits, logits + item.vocab);
+  bool any = false;
+  for (int64_t t = 0; t < item.vocab; ++t) {
+    if (mask_has(mask_, int32_t(t))) any = true;
+    else masked_[size_t(t)] = -std::numeric_limits<float>::infinity();
+  }
+  if (!any) item.constraint_dead_end = true;
+  return masked_.data();
+}
+
+void TokenSampler::advance(DecodeItem& item, int32_t token) {
+  if (item.constraint != nullptr && !item.constraint->accept(token)) item.constraint_dead_end = true;
+}
+
 void TokenSampler::select_one(DecodeItem& item) {
   uint64_t local = item.params.seed;
   uint64_t& rng = item.rng_state != nullptr ? *item.rng_state : local;
-  const int32_t t = pick(item.params, item.logits, item.vocab, item.history, item.prompt_tokens, rng);
+  int32_t t = 0;
+  if (item.constraint == nullptr) {
+    t = pick(item.params, item.logits, item.vocab, item.history, item.prompt_tokens, rng);
+  } else {
+    const float* l = penalized(item.params, item.logits, item.vocab, item.history, item.prompt_tokens);
+    l = constrained(item, l, item.tokens_left);
+    if (item.params.temperature == 0.0) {
+      t = argmax(l, item.vocab);
+    } else {
+      sampling_distribution(item.params, l, item.vocab, dist_);
+      t = draw(dist_, rng);
+    }
+    advance(item, t);
+  }
   record(item, item.logits, t);
 }
 

@@ -116,14 +116,20 @@ class SpeculativeDecoder final : public Decoder, public Speculator {
     for (int64_t j = 0; j <= k; ++j) {
       const float* row = item.logits + j * item.vocab;
       const std::span<const int32_t> seen(history_.data(), len + size_t(j));
-      const float* l = sampler_.penalized(p, row, item.vocab, seen, item.prompt_tokens);
+      // Within a constraint, row j's mask is the state after the drafts before it: a draft the
+      // grammar refuses has probability 0 and is rejected like any other.
+      const float* l = sampler_.constrained(item, sampler_.penalized(p, row, item.vocab, seen, item.prompt_tokens),
+                                            item.tokens_left - j);
       if (j == k) {  // every draft accepted: a bonus token from the last row
-        TokenSampler::record(item, row, pick(p, l, item.vocab, rng));
+        const int32_t t = pick(p, l, item.vocab, rng);
+        TokenSampler::advance(item, t);
+        TokenSampler::record(item, row, t);
         return;
       }
       const int32_t x = item.draft[size_t(j)];
       if (p.temperature == 0.0) {
         const int32_t best = argmax(l, item.vocab);
+        TokenSampler::advance(item, best);
         TokenSampler::record(item, row, best);
         if (best != x) return;
         continue;
@@ -133,6 +139,7 @@ class SpeculativeDecoder final : public Decoder, public Speculator {
       const std::span<const Candidate> qj =
           size_t(j) < q.size() ? std::span<const Candidate>(q[size_t(j)]) : std::span<const Candidate>();
       const DraftVerdict v = accept_or_resample(target_, qj, x, rng, residual_);
+      TokenSampler::advance(item, v.token);
       TokenSampler::record(item, row, v.token);
       if (!v.accepted) return;
     }

@@ -59,6 +59,74 @@ async function main() {
   const stranger = new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 });
   await assert.rejects(stranger.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
 
+  // Tool calling, round trip: tools defined, a call (tool_choice required: a tiny model does not call
+  // on its own), the result sent back as a `tool` message, then an answer in text (tool_choice none).
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather', description: 'The weather in a city now.',
+      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'],
+                    additionalProperties: false },
+    },
+  }];
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const called = await client.chat.completions.create({ model, messages: ask, tools, tool_choice: 'required', max_tokens: 48 });
+  assert.equal(called.choices[0].finish_reason, 'tool_calls');
+  const callMessage = called.choices[0].message;
+  assert.equal(callMessage.content, null);
+  assert.equal(callMessage.tool_calls.length, 1);
+  const call = callMessage.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  const args = JSON.parse(call.function.arguments);
+  assert.deepEqual(Object.keys(args), ['city']);
+  assert.equal(typeof args.city, 'string');
+  const answered = await client.chat.completions.create({
+    model, tools, tool_choice: 'none', max_tokens: 12,
+    messages: [...ask, callMessage, { role: 'tool', tool_call_id: call.id, content: JSON.stringify({ celsius: 21 }) }],
+  });
+  assert.equal(typeof answered.choices[0].message.content, 'string');
+  assert.ok(answered.choices[0].message.content.length > 0);
+  assert.notEqual(answered.choices[0].finish_reason, 'tool_calls');
+
+  // The call streamed: one delta with the whole call, then finish_reason tool_calls.
+  const callStream = await client.chat.completions.create({
+    model, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 48,
+    stream: true,
+  });
+  let streamedArgs = '';
+  let streamedName = '';
+  let streamFinish = null;
+  for await (const chunk of callStream) {
+    for (const tc of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      assert.equal(tc.index, 0);
+      streamedName += tc.function?.name ?? '';
+      streamedArgs += tc.function?.arguments ?? '';
+    }
+    streamFinish = chunk.choices[0]?.finish_reason ?? streamFinish;
+  }
+  assert.equal(streamFinish, 'tool_calls');
+  assert.equal(streamedName, 'get_weather');
+  assert.equal(typeof JSON.parse(streamedArgs).city, 'string');
+
+  // Structured output: a JSON Schema response format.
+  const personSchema = {
+    type: 'object', properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 0, maximum: 120 } },
+    required: ['name', 'age'], additionalProperties: false,
+  };
+  const person = await client.chat.completions.create({
+    model, messages: ask, max_tokens: 48, temperature: 1, seed: 5,
+    response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: personSchema } },
+  });
+  const p = JSON.parse(person.choices[0].message.content);
+  assert.deepEqual(Object.keys(p).sort(), ['age', 'name']);
+  assert.ok(Number.isInteger(p.age) && p.age >= 0 && p.age <= 120);
+  assert.equal(typeof p.name, 'string');
+  await assert.rejects(
+    client.chat.completions.create({ model, messages: ask, response_format: { type: 'json_schema',
+      json_schema: { name: 'x', schema: { type: 'object', not: { type: 'null' } } } } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format.json_schema.schema' && /'not'/.test(e.message));
+
   console.log('openai client: all checks passed');
 }
 

@@ -466,8 +466,8 @@ std::vector<BadRequest> bad_requests() {
        "messages[0].content", "invalid_type"},
       {"chat_top_logprobs_alone", "POST", chat, "{" + msg + R"(, "top_logprobs": 2})", 400, "top_logprobs",
        "invalid_value"},
-      {"chat_tools", "POST", chat, "{" + msg + R"(, "tools": [{"type": "function"}]})", 400, "tools",
-       "invalid_value"},
+      {"chat_tools", "POST", chat, "{" + msg + R"(, "tools": [{"type": "function"}]})", 400, "tools[0].function",
+       "missing_required_parameter"},
       {"chat_max_completion_tokens_past_context", "POST", chat, "{" + msg + R"(, "max_completion_tokens": 100000})",
        400, "max_completion_tokens", "context_length_exceeded"},
       // Unterminated 60 KB string: the error quotes a little of it, not the whole body.

@@ -62,7 +62,8 @@ std::string suite_pattern(ComponentKind kind) {
 }
 
 constexpr ComponentKind kAllKinds[] = {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
-                                       ComponentKind::cache,   ComponentKind::scheduler, ComponentKind::decoder};
+                                       ComponentKind::cache,   ComponentKind::scheduler, ComponentKind::decoder,
+                                       ComponentKind::constraint};
 
 }  // namespace
 
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
     ComponentKind k{};
     if (!tessera::parse_kind(kind_text, &k)) {
       std::cerr << "error: --kind '" << kind_text
-                << "' is not a kind (backend, quantizer, attention, cache, scheduler, decoder)\n";
+                << "' is not a kind (backend, quantizer, attention, cache, scheduler, decoder, constraint)\n";
       return 1;
     }
     kinds = {k};
@@ -144,6 +145,7 @@ int main(int argc, char** argv) {
   if (list_only) return 0;
 
   int gtest_argc = static_cast<int>(rest.size());
+  rest.push_back(nullptr);  // argv[argc] is null: gtest moves it down as it removes its flags
   testing::InitGoogleTest(&gtest_argc, rest.data());
 
   // Narrow the user's --gtest_filter to the selected kinds. With libraries given, only the

@@ -8,10 +8,10 @@
 
 namespace tessera {
 
-enum class ComponentKind : uint8_t { backend, quantizer, attention, cache, scheduler, decoder };
+enum class ComponentKind : uint8_t { backend, quantizer, attention, cache, scheduler, decoder, constraint };
 inline constexpr ComponentKind kComponentKinds[] = {
     ComponentKind::quantizer, ComponentKind::attention, ComponentKind::cache,
-    ComponentKind::scheduler, ComponentKind::decoder};
+    ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::constraint};
 
 std::string_view kind_name(ComponentKind k);
 // Inverse of kind_name; returns false when the text names no kind.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/cache.h"
+#include "tessera/constraint.h"
 
 namespace tessera {
 
@@ -44,6 +45,12 @@ struct DecodeItem {
   std::span<const int32_t> draft;
   int64_t prompt_tokens = 0;         // history[0, prompt_tokens) is the prompt (penalties count the rest)
   uint64_t* rng_state = nullptr;     // per sequence: same seed, same output, whatever the batch
+  // Structured output: the decoder picks only tokens the constraint's mask allows (per row, drafts
+  // included) and advances it by every token it returns. tokens_left: the sequence's budget,
+  // counting this step's first token.
+  ConstraintState* constraint = nullptr;
+  int64_t tokens_left = 0;
+  bool constraint_dead_end = false;  // out: the constraint allowed no token at all (the request fails)
   std::vector<int32_t> tokens;       // out: the chosen token(s)
   std::vector<float> logprobs;       // out: log-probability of each chosen token
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // out: params.logprobs best per chosen token

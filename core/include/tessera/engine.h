@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -36,6 +37,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_tokens;  // in addition to EOS
   // Generation ends when the text contains one of these; the result's text stops before it.
   std::vector<std::string> stop;
+  // Structured output: the generated tokens stay inside this constraint (compiled by
+  // Pipeline::constraint()); generation ends when it is complete. Null = unconstrained.
+  std::shared_ptr<const CompiledConstraint> constraint;
   // Called for every generated token, in order.
   std::function<void(RequestId, int32_t token)> on_token;
   // Called with generated text as soon as it can no longer become part of a stop string

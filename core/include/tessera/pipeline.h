@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/constraint.h"
 #include "tessera/gguf.h"
 #include "tessera/model.h"
 #include "tessera/pipeline_spec.h"
@@ -44,6 +45,8 @@ class Pipeline {
   Cache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
   Decoder& decoder() { return *decoder_; }
+  // Compiles request constraints (JSON Schema, grammars) against this model's vocabulary.
+  const Constraint& constraint() const { return *constraint_; }
   // "cpu | none gqa contiguous fcfs sampling"
   std::string describe() const;
 
@@ -62,6 +65,7 @@ class Pipeline {
   std::shared_ptr<Cache> cache_;
   std::shared_ptr<Scheduler> scheduler_;
   std::shared_ptr<Decoder> decoder_;
+  std::shared_ptr<Constraint> constraint_;
   std::unique_ptr<Model> model_;
 };
 

@@ -10,6 +10,7 @@
 #include "tessera/backend.h"
 #include "tessera/cache.h"
 #include "tessera/component.h"
+#include "tessera/constraint.h"
 #include "tessera/decoder.h"
 #include "tessera/error.h"
 #include "tessera/params.h"
@@ -25,6 +26,7 @@ template <> struct KindOf<Attention> { static constexpr ComponentKind value = Co
 template <> struct KindOf<Cache> { static constexpr ComponentKind value = ComponentKind::cache; };
 template <> struct KindOf<Scheduler> { static constexpr ComponentKind value = ComponentKind::scheduler; };
 template <> struct KindOf<Decoder> { static constexpr ComponentKind value = ComponentKind::decoder; };
+template <> struct KindOf<Constraint> { static constexpr ComponentKind value = ComponentKind::constraint; };
 
 using ErasedFactory = std::function<std::shared_ptr<void>(const Params&)>;
 

@@ -75,11 +75,19 @@ class TokenSampler {
   // Appends `token` to item.tokens with its log-probability under `logits` (raw) and, when
   // item.params.logprobs > 0, the top alternatives.
   static void record(DecodeItem& item, const float* logits, int32_t token);
-  // pick() + record() for item.logits.
+  // `logits` with every token item.constraint disallows set to -infinity (a copy), or `logits`
+  // itself without a constraint. `tokens_left` as in ConstraintState::fill_mask. Sets
+  // item.constraint_dead_end when nothing is allowed.
+  const float* constrained(DecodeItem& item, const float* logits, int64_t tokens_left);
+  // Advances item.constraint by a chosen token.
+  static void advance(DecodeItem& item, int32_t token);
+  // pick() + record() for item.logits, within item.constraint.
   void select_one(DecodeItem& item);
 
  private:
   std::vector<float> penalized_;
+  std::vector<float> masked_;
+  std::vector<uint32_t> mask_;
   std::vector<Candidate> dist_;
 };
 

@@ -48,6 +48,13 @@ std::string Evaluator::render(const Value& context) {
     for (const auto& [k, v] : context.dict->items) root->vars[k.str()] = v;
   }
   std::string out;
+  struct BreakCycles {
+    std::vector<ScopePtr>& scopes;
+    ~BreakCycles() {
+      for (const ScopePtr& s : scopes) s->vars.clear();
+      scopes.clear();
+    }
+  } break_cycles{macro_scopes_};
   try {
     exec(program_.body, root, out);
   } catch (const RenderFailure& f) {
@@ -140,7 +147,10 @@ Evaluator::Flow Evaluator::exec(const Body& body, const ScopePtr& scope, std::st
         break;
       }
       case StmtKind::set: exec_set(s, scope); break;
-      case StmtKind::macro: scope->vars[s.name] = make_macro(s, scope, s.name); break;
+      case StmtKind::macro:
+        scope->vars[s.name] = make_macro(s, scope, s.name);
+        macro_scopes_.push_back(scope);
+        break;
       case StmtKind::call_block: {
         const Expr& call = *s.exprs[0];
         Value fn = eval(*call.items[0], scope);

@@ -55,6 +55,9 @@ class Evaluator {
   EvalOptions options_;
   int line_ = 0;  // the line being evaluated, for error messages
   int depth_ = 0;  // macro call depth, bounded
+  // Scopes that hold a macro: the macro's closure holds its scope, a reference cycle that render()
+  // breaks when it returns (or throws) by clearing these scopes' variables.
+  std::vector<ScopePtr> macro_scopes_;
 };
 
 // Builtin filters, tests and methods (jinja_filters.cpp, jinja_methods.cpp). Each fails with a
