@@ -7,6 +7,11 @@
 //
 //   constraint_bench [--schemas DIR] [--steps N] [--plugin-dir DIR] [--verbose] VOCAB.gguf...
 //   (default vocabularies: ../shared/vocab/ggml-vocab-{llama-spm,gpt-2,deepseek-llm}.gguf)
+//
+// With --model M.gguf it measures instead what a constraint costs a real decode: greedy generation
+// of --steps tokens under a JSON Schema (a free-text field, then a field of fixed length whose every
+// position is a new grammar state) against the same generation unconstrained (ignore_eos), each
+// pair alternated --pairs times in one process; decode tokens/s and the ratio (median of pairs).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +24,8 @@
 #include <vector>
 
 #include "tessera/constraint.h"
+#include "tessera/engine.h"
+#include "tessera/pipeline.h"
 #include "tessera/error.h"
 #include "tessera/gguf.h"
 #include "tessera/registry.h"
@@ -65,6 +72,54 @@ void walk(const CompiledConstraint& c, int64_t vocab, uint64_t seed, int steps, 
   }
 }
 
+// Decode tokens/s of one greedy generation (after its first token).
+double decode_rate(Pipeline& p, const std::vector<int32_t>& prompt, int steps,
+                   std::shared_ptr<const CompiledConstraint> constraint) {
+  Engine engine(p);
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.max_tokens = steps;
+  req.sampling = SamplingParams{};
+  req.ignore_eos = true;
+  req.constraint = std::move(constraint);
+  engine.submit(req);
+  engine.run_until_idle();
+  const GenerationResult r = engine.take_finished().at(0);
+  if (r.tokens.size() < 2) throw Error("generated " + std::to_string(r.tokens.size()) + " tokens: " + r.error);
+  return double(r.tokens.size() - 1) / (r.finished - r.first_token);
+}
+
+int model_overhead(const std::string& model, int steps, int pairs, int threads) {
+  Registry registry;
+  registry.load_default_paths();
+  PipelineSpec spec = default_pipeline_spec();
+  spec.model = model;
+  PipelineOptions options;
+  options.threads = threads;
+  auto p = Pipeline::build(spec, registry, options);
+  const std::vector<int32_t> prompt = p->tokenizer().encode("Write the story as JSON:", true);
+  const std::string n = std::to_string(steps * 8);
+  const std::vector<std::pair<std::string, std::string>> schemas = {
+      {"free string", R"({"type":"object","properties":{"story":{"type":"string"}},"required":["story"]})"},
+      {"string of " + n + " chars",
+       R"({"type":"object","properties":{"story":{"type":"string","minLength":)" + n + R"(,"maxLength":)" + n + "}},\"required\":[\"story\"]}"}};
+  std::printf("constraint_bench: %s, %s, %d tokens greedy, %d pairs alternated, %d threads\n", model.c_str(),
+              p->describe().c_str(), steps, pairs, threads);
+  std::printf("%-26s %14s %14s %8s\n", "schema", "plain tok/s", "schema tok/s", "ratio");
+  for (const auto& [name, schema] : schemas) {
+    const auto c = p->constraint().compile({"json_schema", schema, name});
+    std::vector<double> plain, constrained, ratio;
+    for (int i = 0; i < pairs; ++i) {
+      plain.push_back(decode_rate(*p, prompt, steps, nullptr));
+      constrained.push_back(decode_rate(*p, prompt, steps, c));
+      ratio.push_back(constrained.back() / plain.back());
+    }
+    std::printf("%-26s %14.2f %14.2f %8.3f\n", name.c_str(), quantile(plain, 0.5), quantile(constrained, 0.5),
+                quantile(ratio, 0.5));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,6 +127,8 @@ int main(int argc, char** argv) {
   std::string plugin_dir;
   int steps = 256;
   bool verbose = false;
+  std::string model;
+  int pairs = 3, threads = 0;
   std::vector<std::string> vocabs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -79,7 +136,18 @@ int main(int argc, char** argv) {
     else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
     else if (a == "--plugin-dir" && i + 1 < argc) plugin_dir = argv[++i];
     else if (a == "--verbose") verbose = true;
+    else if (a == "--model" && i + 1 < argc) model = argv[++i];
+    else if (a == "--pairs" && i + 1 < argc) pairs = std::stoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else vocabs.push_back(a);
+  }
+  if (!model.empty()) {
+    try {
+      return model_overhead(model, steps, pairs, threads);
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 1;
+    }
   }
   if (vocabs.empty())
     for (const char* v : {"llama-spm", "gpt-2", "deepseek-llm"})

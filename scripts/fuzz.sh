@@ -13,7 +13,7 @@ seconds=${TESSERA_FUZZ_SECONDS:-45}
 dir=${TESSERA_ASAN_BUILD_DIR:-build-asan}
 shared=${TESSERA_SHARED_DIR:-../shared}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_pipeline fuzz_tokenizer fuzz_openai_request)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_pipeline fuzz_tokenizer fuzz_openai_request fuzz_grammar)
 
 start=$SECONDS
 scripts/sanitize.sh configure
@@ -24,7 +24,7 @@ corpus=$dir/fuzz-corpus
 artifacts=$dir/fuzz-artifacts
 rm -rf "$corpus"
 mkdir -p "$artifacts"
-mkdir -p "$corpus"/{fuzz_gguf,fuzz_pipeline,fuzz_tokenizer,fuzz_openai_request}
+mkdir -p "$corpus"/{fuzz_gguf,fuzz_pipeline,fuzz_tokenizer,fuzz_openai_request,fuzz_grammar}
 
 # Seeds, from the repository's own files (regenerated on every run; nothing binary is committed).
 "$dir/bin/make_fuzz_seeds" "$corpus/fuzz_gguf" >/dev/null
@@ -64,6 +64,19 @@ for path in sorted(glob.glob(os.path.join(serve_tests, "*.cpp"))):
                  "w", encoding="utf-8").write(k + body)
         n += 1
 print("fuzz seeds: %d request bodies" % n)
+# fuzz_grammar: byte 0 picks the type ('0' GBNF, '1' regex, '2' JSON Schema, '3' choices): the real
+# schemas, and the GBNF and regular expressions of the grammar tests.
+n = 0
+for path in sorted(glob.glob(os.path.join(os.path.dirname(vocab_dir), "schemas", "*.json")))[:40]:
+    open(os.path.join(corpus, "fuzz_grammar", "schema-" + os.path.basename(path)), "wb").write(b"2" + open(path, "rb").read())
+    n += 1
+seeds = ['0root ::= "a" ("b" | "cd")* "e"?\n', '0root ::= [0-9]+ ("." [0-9]{2,3})?\n',
+         '0root ::= value\nvalue ::= "[" (value ("," value)*)? "]" | "0"\n', '0root ::= [\\u0080-\\U0001F600]+\n',
+         '1\\d{3}-\\d{4}', '1[A-Z][a-z]+(a|bc)*d', '1^(\\w+\\s?)*$', '3["yes", "no", "maybe"]']
+for i, s in enumerate(seeds):
+    open(os.path.join(corpus, "fuzz_grammar", "text-%d" % i), "w", encoding="utf-8").write(s)
+    n += 1
+print("fuzz seeds: %d grammar inputs" % n)
 EOF
 
 failed=()

@@ -204,6 +204,11 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
     header(out, name, "counter", "Engine counter (see EngineStats).");
     sample(out, name, "", double(v));
   }
+  header(out, "tessera_constrained_tokens_total", "counter", "Tokens generated under a constraint (structured output).");
+  sample(out, "tessera_constrained_tokens_total", "", double(e.constrained_tokens));
+  header(out, "tessera_constraint_mask_seconds_total", "counter",
+         "Time spent computing and applying token masks for those tokens (divide by tessera_constrained_tokens_total for the time per token).");
+  sample(out, "tessera_constraint_mask_seconds_total", "", e.mask_seconds);
 
   // Prefix reuse (zero for caches without it), globally and per user as the cache reports them.
   header(out, "tessera_prefix_cache_hit_rate", "gauge", "Share of looked-up tokens found in the prefix cache (lookups include recomputation after preemption).");

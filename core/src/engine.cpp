@@ -322,7 +322,13 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
   const Tokenizer& tokenizer = pipeline_.tokenizer();
   const int32_t eos = tokenizer.eos();
   const double t = now();
-  int64_t generated = 0;
+  int64_t generated = 0, constrained = 0;
+  double mask_seconds = 0;
+  for (const DecodeItem& item : items) {
+    if (item.constraint == nullptr) continue;
+    constrained += int64_t(item.tokens.size());
+    mask_seconds += item.mask_seconds;
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence* s = item_seqs[i];
     const DecodeItem& item = items[i];
@@ -398,6 +404,8 @@ void Engine::decode(const std::vector<ForwardSeq>& batch, const std::vector<Sequ
   ++stats_.steps;
   stats_.prefill_tokens += prefill;
   stats_.decode_tokens += generated;
+  stats_.constrained_tokens += constrained;
+  stats_.mask_seconds += mask_seconds;
 }
 
 void Engine::run_until_idle() {

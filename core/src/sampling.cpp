@@ -1,6 +1,7 @@
 #include "tessera/sampling.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -253,13 +254,31 @@ void TokenSampler::record(DecodeItem& item, const float* logits, int32_t token) 
 
 const float* TokenSampler::constrained(DecodeItem& item, const float* logits, int64_t tokens_left) {
   if (item.constraint == nullptr) return logits;
+  const auto start = std::chrono::steady_clock::now();
+  struct Timer {
+    DecodeItem& item;
+    std::chrono::steady_clock::time_point start;
+    ~Timer() { item.mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+  } timer{item, start};
   mask_.resize(mask_words(item.vocab));
   item.constraint->fill_mask(mask_, tokens_left);
   masked_.assign(logits, logits + item.vocab);
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   bool any = false;
-  for (int64_t t = 0; t < item.vocab; ++t) {
-    if (mask_has(mask_, int32_t(t))) any = true;
-    else masked_[size_t(t)] = -std::numeric_limits<float>::infinity();
+  // Word by word: inside a string most words are all allowed, elsewhere most are all refused.
+  for (size_t w = 0; w < mask_.size(); ++w) {
+    const uint32_t bits = mask_[w];
+    const size_t first = w * 32, last = std::min<size_t>(first + 32, size_t(item.vocab));
+    if (bits == 0xFFFFFFFFu && last - first == 32) {
+      any = true;
+    } else if (bits == 0) {
+      std::fill(masked_.begin() + long(first), masked_.begin() + long(last), kNone);
+    } else {
+      for (size_t t = first; t < last; ++t) {
+        if ((bits >> (t - first)) & 1u) any = true;
+        else masked_[t] = kNone;
+      }
+    }
   }
   if (!any) item.constraint_dead_end = true;
   return masked_.data();

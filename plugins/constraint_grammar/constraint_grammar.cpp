@@ -27,10 +27,18 @@ using grammar::Grammar;
 using grammar::Stacks;
 using grammar::TokenTrie;
 
+// End tokens spell nothing: an end token whose text is "<|endoftext|>" must not pass as that text.
+ConstraintVocab without_end_pieces(ConstraintVocab v) {
+  std::erase_if(v.end_tokens, [&](int32_t t) { return t < 0 || size_t(t) >= v.pieces.size(); });
+  for (int32_t t : v.end_tokens) v.pieces[size_t(t)].clear();
+  return v;
+}
+
 struct VocabData {
-  explicit VocabData(ConstraintVocab v) : pieces(std::move(v.pieces)), trie(pieces), is_end(pieces.size(), false) {
-    for (int32_t t : v.end_tokens)
-      if (t >= 0 && size_t(t) < pieces.size()) is_end[size_t(t)] = true;
+  explicit VocabData(ConstraintVocab given)
+      : VocabData(without_end_pieces(std::move(given)), 0) {}
+  VocabData(ConstraintVocab v, int) : pieces(std::move(v.pieces)), trie(pieces), is_end(pieces.size(), false) {
+    for (int32_t t : v.end_tokens) is_end[size_t(t)] = true;
     end_tokens = std::move(v.end_tokens);
   }
   std::vector<std::string> pieces;
@@ -214,7 +222,10 @@ std::string gbnf_for(const ConstraintSpec& spec) {
 class GrammarConstraint final : public Constraint {
  public:
   explicit GrammarConstraint(const Params& p)
-      : cache_bytes_(size_t(p.get_int("mask_cache"))), max_grammars_(size_t(p.get_int("max_grammars"))) {}
+      : cache_bytes_(size_t(p.get_int("mask_cache"))), max_grammars_(size_t(p.get_int("max_grammars"))) {
+    if (p.get_int("max_grammars") < 1) throw Error("max_grammars must be at least 1, got " + std::to_string(p.get_int("max_grammars")));
+    if (p.get_int("mask_cache") < 0) throw Error("mask_cache must not be negative");
+  }
 
   void set_vocabulary(ConstraintVocab vocab) override {
     std::lock_guard lock(mutex_);

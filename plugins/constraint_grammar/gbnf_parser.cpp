@@ -447,7 +447,7 @@ uint32_t add_min(uint32_t a, uint32_t b) { return (a == kNever || b == kNever) ?
 
 // Flattens the rules into code, then refuses left recursion (the matcher would expand it forever)
 // and rules that can never end, and computes the fewest bytes to the end of each position.
-Grammar finish(Builder& b, const Parser& parser, std::string_view where) {
+Grammar finish(Builder& b, std::string_view where) {
   Grammar g;
   g.sets = std::move(b.sets);
   g.names = b.names;
@@ -549,7 +549,6 @@ Grammar finish(Builder& b, const Parser& parser, std::string_view where) {
     if (e.op == Op::kEnd) continue;
     g.min_bytes[i] = add_min(e.op == Op::kBytes ? 1 : g.rule_min[e.arg], g.min_bytes[i + 1]);
   }
-  (void)parser;
   return g;
 }
 
@@ -559,7 +558,7 @@ Grammar parse_gbnf(std::string_view text, std::string_view where) {
   Builder b;
   Parser parser(text, where, b);
   parser.parse();
-  return finish(b, parser, where);
+  return finish(b, where);
 }
 
 }  // namespace tessera::grammar

@@ -51,6 +51,7 @@ struct DecodeItem {
   ConstraintState* constraint = nullptr;
   int64_t tokens_left = 0;
   bool constraint_dead_end = false;  // out: the constraint allowed no token at all (the request fails)
+  double mask_seconds = 0;           // out: time spent computing and applying the constraint's masks
   std::vector<int32_t> tokens;       // out: the chosen token(s)
   std::vector<float> logprobs;       // out: log-probability of each chosen token
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // out: params.logprobs best per chosen token

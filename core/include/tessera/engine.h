@@ -80,6 +80,8 @@ struct EngineStats {
   int64_t running = 0;
   int64_t peak_running = 0;  // most sequences in one step
   SpeculationStats speculation;  // zero unless the decoder speculates
+  int64_t constrained_tokens = 0;  // tokens chosen under a request's constraint (structured output)
+  double mask_seconds = 0;         // time the decoders spent on those tokens' masks
 };
 
 class Engine {
