@@ -35,6 +35,37 @@ TEST(Cli, RunJsonGivesTokensTextAndTimingsPerPrompt) {
   EXPECT_GT(lines[0]["weight_bytes"].get<int64_t>(), 1000000);
 }
 
+TEST(Cli, RunFollowsAJsonSchemaGrammarOrRegexAndNamesABadOne) {
+  const test::TempDir dir;
+  const std::string schema = dir.path() + "/person.json";
+  std::ofstream(schema) << R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},
+    "age":{"type":"integer","minimum":0,"maximum":120}},"required":["name","age"],"additionalProperties":false})";
+  for (const char* sampling : {"", "--temperature 1 --seed 3 "}) {
+    const Output o = tessera_cmd(std::string("run --format json -n 64 ") + sampling + "--json-schema '" + schema + "' 'Lily is'");
+    ASSERT_EQ(o.status, 0) << o.text;
+    const auto line = nlohmann::json::parse(o.text.substr(o.text.find('{')));
+    const auto value = nlohmann::json::parse(line["completion_text"].get<std::string>());
+    EXPECT_TRUE(value.at("name").is_string()) << value;
+    EXPECT_GE(value.at("age").get<int>(), 0);
+    EXPECT_LE(value.at("age").get<int>(), 120);
+    EXPECT_EQ(line["finish_reason"], "stop");
+  }
+  const Output r = tessera_cmd("run --format json -n 16 --regex '[0-9]{3}-[a-z]{2}' Hi");
+  ASSERT_EQ(r.status, 0) << r.text;
+  const std::string text = nlohmann::json::parse(r.text.substr(r.text.find('{')))["completion_text"];
+  EXPECT_EQ(text.size(), 6u) << text;
+  EXPECT_EQ(text[3], '-') << text;
+
+  const std::string bad = dir.path() + "/bad.gbnf";
+  std::ofstream(bad) << "root ::= \"a\" item\n";
+  const Output g = tessera_cmd("run -n 4 --grammar '" + bad + "' Hi");
+  EXPECT_NE(g.status, 0);
+  EXPECT_NE(g.text.find(bad + ":1:14: rule 'item' is used but not defined"), std::string::npos) << g.text;
+  const Output two = tessera_cmd("run -n 4 --json --regex a Hi");
+  EXPECT_NE(two.status, 0);
+  EXPECT_NE(two.text.find("give at most one"), std::string::npos) << two.text;
+}
+
 TEST(Cli, RunWithoutDecodedTokensReportsZeroRatesNotNegativeOnes) {
   // -n 0 ends before the first token, -n 1 right after it: no decode phase to time.
   for (const char* n : {"0", "1"}) {

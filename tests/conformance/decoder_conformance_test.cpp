@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "conformance/conformance_util.h"
+#include "tessera/constraint.h"
 #include "tessera/decoder.h"
 #include "tessera/error.h"
 
@@ -128,6 +129,48 @@ TEST(SamplingValidation, RejectsOutOfRangeValuesNamingTheField) {
 }
 
 TEST_P(DecoderConformance, DefaultsAreValid) { EXPECT_NO_THROW(validate_sampling(decoder_->default_params())); }
+
+// Structured output relies on every decoder: a request's constraint (here the `grammar` plugin's
+// choice among three words over a vocabulary of letters) must hold whatever the logits prefer, and
+// the decoder advances it by the tokens it returns.
+TEST_P(DecoderConformance, KeepsTheRequestsConstraint) {
+  if (registry().find(ComponentKind::constraint, "grammar") == nullptr) GTEST_SKIP() << "no 'grammar' constraint plugin loaded";
+  auto constraint = create_default<Constraint>("grammar");
+  ConstraintVocab v;
+  for (char c = 'a'; c <= 'z'; ++c) v.pieces.push_back(std::string(1, c));
+  v.pieces.push_back("ab");
+  v.end_tokens.push_back(int32_t(v.pieces.size()));
+  v.pieces.push_back("");
+  constraint->set_vocabulary(v);
+  const std::vector<std::string> choices = {"abc", "abd", "zz"};
+  const auto compiled = constraint->compile({"choice", R"(["abc", "abd", "zz"])", "conformance"});
+  const int64_t vocab = int64_t(v.pieces.size());
+  for (double temperature : {0.0, 1.0}) {
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      auto state = compiled->start();
+      std::string out;
+      std::vector<int32_t> history = {0};
+      uint64_t rng = seed;
+      for (int step = 0; step < 6 && !state->finished(); ++step) {
+        // The model prefers 'q', which no choice has; then the letters at random.
+        std::vector<float> logits = random_floats(size_t(vocab), seed * 100 + uint64_t(step));
+        logits['q' - 'a'] = 50;
+        std::vector<DecodeItem> items = {item(1, logits, params(temperature, 0, 1.0, seed), history, &rng)};
+        items[0].constraint = state.get();
+        items[0].tokens_left = 6 - step;
+        decoder_->select(items);
+        ASSERT_EQ(items[0].tokens.size(), 1u);
+        const int32_t t = items[0].tokens[0];
+        EXPECT_FALSE(items[0].constraint_dead_end);
+        if (t == v.end_tokens[0]) break;
+        out += v.pieces[size_t(t)];
+        history.push_back(t);
+      }
+      EXPECT_TRUE(state->finished()) << "the decoder did not advance the constraint (output '" << out << "')";
+      EXPECT_NE(std::find(choices.begin(), choices.end(), out), choices.end()) << "'" << out << "' is no choice";
+    }
+  }
+}
 
 TEST_P(DecoderConformance, TemperatureZeroPicksTheArgmax) {
   for (int64_t vocab : {2, 512, 1001}) {
