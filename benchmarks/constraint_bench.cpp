@@ -72,9 +72,14 @@ void walk(const CompiledConstraint& c, int64_t vocab, uint64_t seed, int steps, 
   }
 }
 
-// Decode tokens/s of one greedy generation (after its first token).
+// Decode tokens/s of one greedy generation (after its first token); adds the engine's mask time
+// and constrained tokens to `mask`.
+struct MaskTime {
+  double seconds = 0;
+  int64_t tokens = 0;
+};
 double decode_rate(Pipeline& p, const std::vector<int32_t>& prompt, int steps,
-                   std::shared_ptr<const CompiledConstraint> constraint) {
+                   std::shared_ptr<const CompiledConstraint> constraint, MaskTime* mask = nullptr) {
   Engine engine(p);
   GenerationRequest req;
   req.prompt = prompt;
@@ -85,6 +90,10 @@ double decode_rate(Pipeline& p, const std::vector<int32_t>& prompt, int steps,
   engine.submit(req);
   engine.run_until_idle();
   const GenerationResult r = engine.take_finished().at(0);
+  if (mask != nullptr) {
+    mask->seconds += engine.stats().mask_seconds;
+    mask->tokens += engine.stats().constrained_tokens;
+  }
   if (r.tokens.size() < 2) throw Error("generated " + std::to_string(r.tokens.size()) + " tokens: " + r.error);
   return double(r.tokens.size() - 1) / (r.finished - r.first_token);
 }
@@ -98,24 +107,27 @@ int model_overhead(const std::string& model, int steps, int pairs, int threads) 
   options.threads = threads;
   auto p = Pipeline::build(spec, registry, options);
   const std::vector<int32_t> prompt = p->tokenizer().encode("Write the story as JSON:", true);
-  const std::string n = std::to_string(steps * 8);
+  const std::string n = std::to_string(steps);
   const std::vector<std::pair<std::string, std::string>> schemas = {
       {"free string", R"({"type":"object","properties":{"story":{"type":"string"}},"required":["story"]})"},
       {"string of " + n + " chars",
        R"({"type":"object","properties":{"story":{"type":"string","minLength":)" + n + R"(,"maxLength":)" + n + "}},\"required\":[\"story\"]}"}};
   std::printf("constraint_bench: %s, %s, %d tokens greedy, %d pairs alternated, %d threads\n", model.c_str(),
               p->describe().c_str(), steps, pairs, threads);
-  std::printf("%-26s %14s %14s %8s\n", "schema", "plain tok/s", "schema tok/s", "ratio");
+  std::printf("%-26s %14s %14s %8s %14s %10s\n", "schema", "plain tok/s", "schema tok/s", "ratio", "mask us/token",
+              "tokens");
   for (const auto& [name, schema] : schemas) {
     const auto c = p->constraint().compile({"json_schema", schema, name});
     std::vector<double> plain, constrained, ratio;
+    MaskTime mask;
     for (int i = 0; i < pairs; ++i) {
       plain.push_back(decode_rate(*p, prompt, steps, nullptr));
-      constrained.push_back(decode_rate(*p, prompt, steps, c));
+      constrained.push_back(decode_rate(*p, prompt, steps, c, &mask));
       ratio.push_back(constrained.back() / plain.back());
     }
-    std::printf("%-26s %14.2f %14.2f %8.3f\n", name.c_str(), quantile(plain, 0.5), quantile(constrained, 0.5),
-                quantile(ratio, 0.5));
+    std::printf("%-26s %14.2f %14.2f %8.3f %14.1f %10.1f\n", name.c_str(), quantile(plain, 0.5),
+                quantile(constrained, 0.5), quantile(ratio, 0.5), 1e6 * mask.seconds / double(std::max<int64_t>(1, mask.tokens)),
+                double(mask.tokens) / pairs);
   }
   return 0;
 }

@@ -99,25 +99,30 @@ class GrammarState final : public ConstraintState {
     const VocabData& v = program_->vocab();
     if (!ended_ && !only_end()) {
       stacks_.key(tops_, key_);
-      program_->cached(key_, cached_, [&](CachedMask& out) {
+      program_->cached(key_, plain_, [&](CachedMask& out) {
         out.mask.assign(mask.size(), 0u);
         walk(out.mask.data(), UINT64_MAX, UINT64_MAX, &out.max_distance);
       });
+      const std::vector<uint32_t>* chosen = &plain_.mask;
       const uint64_t budget = tokens_left > 1 ? uint64_t(tokens_left - 1) : 0;
-      bool done = false;
-      if (cached_.max_distance > budget) {
+      if (plain_.max_distance > budget) {
         // Near the length limit: only tokens after which the output can still end in time, counting
-        // a byte per token. Where none is (the shortest end is longer in bytes than the tokens left),
-        // only tokens on a shortest way to the end: multi-byte tokens may still close it in time.
-        auto any = [&] { return std::any_of(mask.begin(), mask.end(), [](uint32_t w) { return w != 0; }); };
+        // a byte per token (not cached: it depends on the tokens left). Where none is (the shortest
+        // end is longer in bytes than the tokens left), only tokens on a shortest way to the end,
+        // which depends on the state alone and is cached beside its plain mask.
         walk(mask.data(), budget, UINT64_MAX, nullptr);
-        done = any();
-        if (!done) {
-          walk(mask.data(), UINT64_MAX, stacks_.distance(tops_), nullptr);
-          done = any();
+        if (any(mask)) {
+          chosen = nullptr;
+        } else {
+          key_ += '\x01';
+          program_->cached(key_, progress_, [&](CachedMask& out) {
+            out.mask.assign(mask.size(), 0u);
+            walk(out.mask.data(), UINT64_MAX, stacks_.distance(tops_), nullptr);
+          });
+          if (any(progress_.mask)) chosen = &progress_.mask;
         }
       }
-      if (!done) std::copy(cached_.mask.begin(), cached_.mask.end(), mask.begin());
+      if (chosen != nullptr) std::copy(chosen->begin(), chosen->end(), mask.begin());
     }
     if (Stacks::accepting(tops_))
       for (int32_t t : v.end_tokens) mask[size_t(t) >> 5] |= 1u << (t & 31);
@@ -182,8 +187,12 @@ class GrammarState final : public ConstraintState {
   std::vector<int32_t> tops_, next_;
   std::vector<Step> history_;
   bool ended_ = false;
+  static bool any(std::span<const uint32_t> mask) {
+    return std::any_of(mask.begin(), mask.end(), [](uint32_t w) { return w != 0; });
+  }
+
   std::string key_;
-  CachedMask cached_;
+  CachedMask plain_, progress_;
   grammar::WalkScratch scratch_;
 };
 
