@@ -31,7 +31,6 @@ class TokenTrie {
   // Tokens with empty pieces (control tokens) are left out: no grammar allows them.
   explicit TokenTrie(const std::vector<std::string>& pieces);
   int64_t vocab() const { return vocab_; }
-  size_t nodes() const { return byte_.size(); }
 
   struct Walk {
     uint64_t budget = UINT64_MAX;  // allow only tokens after which the output can end within this many bytes
