@@ -44,7 +44,8 @@ const J* member(const J& obj, const std::string& key) {
 
 template <class J>
 void refuse_unknown(const J& obj, const std::string& field, std::initializer_list<const char*> known) {
-  for (const auto& [key, value] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    const std::string& key = item.key();
     if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) {
       throw bad_field(field + "." + key, "unrecognized field '" + field + "." + key + "'", "unknown_parameter");
     }
