@@ -90,7 +90,9 @@ for t in "${targets[@]}"; do
     echo "== fuzz: $t clean: $(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$dir/$t.log" | grep -Eo '[0-9]+$') runs in $((SECONDS - t0)) s"
   else
     echo "== fuzz: $t FOUND A PROBLEM ($dir/$t.log, input in $artifacts/):"
-    grep -E -A12 '==ERROR|runtime error|terminate called|what\(\)' "$dir/$t.log" | grep -v -E 'in (fuzzer::|__sanitizer|std::|__libc|_start|abort|raise|__pthread)' | head -30
+    # libFuzzer's own findings (timeout, out of memory) print '==PID== ERROR: libFuzzer: ...'.
+    { grep -E -A14 'ERROR: |runtime error|terminate called|what\(\)' "$dir/$t.log" |
+        grep -v -E 'in (fuzzer::|__sanitizer|std::|__libc|_start|abort|raise|__pthread)' | head -30; } || true
     failed+=("$t")
   fi
 done

@@ -1,11 +1,13 @@
 #include "tessera/pipeline_spec.h"
 
 #include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "tessera/error.h"
@@ -148,6 +150,41 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
 
 constexpr size_t kMaxExtendsDepth = 32;
 
+// Counts the file's YAML documents without building them. Not YAML::LoadAll: yaml-cpp 0.7 never
+// ends on a flow indicator outside brackets (a line starting with ','): it yields empty documents at
+// the same place for ever. A document starting where the previous one did is that case.
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+void check_one_document(const std::string& path, const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts docs;
+  while (parser.HandleNextDocument(docs)) {
+    const size_t n = docs.starts.size();
+    if (n < 2 || docs.starts[n - 1].pos != docs.starts[n - 2].pos) continue;
+    const YAML::Mark& stuck = docs.starts[n - 1];
+    std::string line = text.substr(static_cast<size_t>(stuck.pos));
+    line = line.substr(0, std::min(line.find('\n'), size_t{40}));
+    throw Error(path + ":" + std::to_string(stuck.line + 1) + ": invalid YAML: unexpected '" + line.substr(0, 1) + "' in \"" + line +
+                "\" (',', '[', ']', '{' and '}' belong inside a [list] or {map}; quote a value that starts with one)");
+  }
+  if (docs.starts.size() > 1) {
+    throw Error(path + ": holds " + std::to_string(docs.starts.size()) +
+                " YAML documents (separated by '---'); a pipeline is one document");
+  }
+}
+
 PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   std::error_code ec;
   const std::string canon = fs::weakly_canonical(path, ec).string();
@@ -159,20 +196,16 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   }
   chain.insert(canon);
 
-  std::vector<YAML::Node> documents;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(text);
+    check_one_document(path, text);
+    root = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it is "bad file"
     throw Error(path + ":" + std::to_string(e.mark.line + 1) +
                 ": YAML nested too deeply (lists or maps inside each other); a pipeline is a few levels deep");
   } catch (const YAML::Exception& e) {
     throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }
-  if (documents.size() > 1) {
-    throw Error(path + ": holds " + std::to_string(documents.size()) +
-                " YAML documents (separated by '---'); a pipeline is one document");
-  }
-  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
   int64_t budget = 100000;
   check_duplicate_keys(path, root, budget);

@@ -242,6 +242,17 @@ TEST_F(PipelineSpecTest, ASecondYamlDocumentIsRefusedNotDropped) {
   EXPECT_NE(msg.find("p.yaml: holds 2 YAML documents"), std::string::npos) << msg;
 }
 
+// yaml-cpp alone never returns on these (a fuzzer's find): the loader must end with the line.
+TEST_F(PipelineSpecTest, AStrayFlowIndicatorIsAnErrorNotAHang) {
+  for (const auto& [text, line] : std::vector<std::pair<std::string, std::string>>{
+           {",", "p.yaml:1:"},
+           {",p # a comment\nmodel: x.gguf\n", "p.yaml:1:"},
+           {"model: x.gguf\n---\n, kv_dtype: f16\n", "p.yaml:3:"}}) {
+    const std::string msg = error_of(text);
+    EXPECT_NE(msg.find(line + " invalid YAML: unexpected ','"), std::string::npos) << msg;
+  }
+}
+
 TEST_F(PipelineSpecTest, AListOrMapWhereANameBelongsNamesTheLine) {
   for (const auto& [text, line] : std::vector<std::pair<std::string, std::string>>{
            {"backend: cpu\ncomponents:\n  cache: { plugin: [paged] }\n", "p.yaml:3:"},
