@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${TESSERA_FUZZ_SECONDS:-45}
+# A fixed seed by default: a CI run explores the same inputs each time (TESSERA_FUZZ_SEED=0: random).
+seed=${TESSERA_FUZZ_SEED:-1}
 dir=${TESSERA_ASAN_BUILD_DIR:-build-asan}
 shared=${TESSERA_SHARED_DIR:-../shared}
 targets=("$@")
@@ -85,7 +87,7 @@ for t in "${targets[@]}"; do
   echo "== fuzz: $t for ${seconds} s ($(ls "$corpus/$t" | wc -l) seeds)"
   if ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
      TESSERA_FUZZ_VOCAB_DIR="$shared/vocab" \
-     "$dir/bin/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+     "$dir/bin/$t" -seed="$seed" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$artifacts/$t-" "$corpus/$t" >"$dir/$t.log" 2>&1; then
     echo "== fuzz: $t clean: $(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$dir/$t.log" | grep -Eo '[0-9]+$') runs in $((SECONDS - t0)) s"
   else

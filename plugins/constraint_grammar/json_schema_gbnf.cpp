@@ -11,6 +11,7 @@
 
 #include "gbnf_text.h"
 #include "grammar.h"
+#include "json_pointer.h"
 #include "number_range_gbnf.h"
 #include "regex_gbnf.h"
 #include "string_format_gbnf.h"
@@ -234,26 +235,11 @@ class Converter {
   const Json& resolve(const std::string& ref, const std::string& ptr, std::string* target_ptr) {
     if (ref.empty() || ref[0] != '#')
       throw Error("json_schema: unsupported $ref '" + ref + "' at " + at(ptr) + " (only '#...' within the schema)");
-    const Json* node = &root_;
-    std::string path = ref.substr(1);
+    const std::string path = ref.substr(1);
     if (!path.empty() && path[0] != '/')
       throw Error("json_schema: unsupported $ref '" + ref + "' at " + at(ptr) + " (anchors are not resolved)");
-    size_t pos = 0;
-    while (pos < path.size()) {
-      size_t next = path.find('/', pos + 1);
-      std::string raw = path.substr(pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
-      std::string token;
-      for (size_t i = 0; i < raw.size(); ++i) {
-        if (raw[i] == '~' && i + 1 < raw.size()) { token += raw[i + 1] == '1' ? '/' : '~'; ++i; }
-        else if (raw[i] == '%' && i + 2 < raw.size()) { token += static_cast<char>(std::stoi(raw.substr(i + 1, 2), nullptr, 16)); i += 2; }
-        else token += raw[i];
-      }
-      if (node->is_object() && node->contains(token)) node = &node->at(token);
-      else if (node->is_array() && !token.empty() && token.find_first_not_of("0123456789") == std::string::npos &&
-               std::stoul(token) < node->size()) node = &node->at(std::stoul(token));
-      else throw Error("json_schema: cannot resolve $ref '" + ref + "' at " + at(ptr));
-      pos = next == std::string::npos ? path.size() : next;
-    }
+    const Json* node = find_json_pointer(root_, path);
+    if (node == nullptr) throw Error("json_schema: cannot resolve $ref '" + ref + "' at " + at(ptr));
     if (target_ptr) *target_ptr = path;
     return *node;
   }

@@ -89,6 +89,18 @@ TEST_P(VocabVectors, RoundTrips) {
   }
 }
 
+// A byte whose byte-level character the vocabulary lacks (StarCoder has none for 0xF1) becomes the
+// vocabulary's <unk>, as in Hugging Face tokenizers; the rest of the text keeps its tokens.
+TEST(VocabBytes, AByteWithoutATokenIsUnknown) {
+  const auto sc = load("ggml-vocab-starcoder.gguf");
+  const int32_t unk = sc->vocabulary().unk;
+  ASSERT_GE(unk, 0);
+  const std::vector<int32_t> ids = sc->encode(" this \xF1\x8D\x9F\xA6", false, false);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), unk), 1) << "one byte without a token";
+  EXPECT_EQ(sc->decode({ids.begin(), ids.begin() + 1}), " this");
+}
+
 TEST_P(VocabVectors, EncodeIsThreadSafe) {
   const auto tok = load(GetParam().name);
   const std::vector<Case> cases = read_cases(GetParam().name);

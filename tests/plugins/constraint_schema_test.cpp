@@ -218,6 +218,29 @@ TEST(ConstraintSchema, RefusalsNameKeywordAndPointer) {
             "json_schema: unknown keyword 'maxLenght' at /");
 }
 
+// $ref is a JSON Pointer in a URI fragment: ~0 ~1 and %HH escapes resolve; a malformed escape or an
+// index no array has is a clear refusal (a fuzzer found "%sj" and long digit strings threw std:: errors).
+TEST(ConstraintSchema, RefPointersResolveEscapesAndRefuseBadSteps) {
+  auto grammar_of = [](const std::string& schema) { return parse_gbnf(json_schema_text_to_gbnf(schema, {}), "schema"); };
+  const Grammar escaped = grammar_of(R"({"$defs":{"a/b":{"const":1},"c~d":{"const":2},"e f":{"const":3}},
+      "type":"array","prefixItems":[{"$ref":"#/$defs/a~1b"},{"$ref":"#/$defs/c~0d"},{"$ref":"#/$defs/e%20f"}],
+      "items":false,"minItems":3})");
+  EXPECT_TRUE(grammar_accepts(escaped, "[1,2,3]"));
+  EXPECT_FALSE(grammar_accepts(escaped, "[1,2,2]"));
+  const Grammar indexed = grammar_of(R"({"anyOf":[{"const":"x"},{"$ref":"#/anyOf/0"}]})");
+  EXPECT_TRUE(grammar_accepts(indexed, R"("x")"));
+  for (const char* ref : {"#/$defs/a%sj", "#/$defs/a%", "#/anyOf/99999999999999999999999", "#/anyOf/-1",
+                          "#/anyOf/01", "#/$defs/a/b"}) {
+    const std::string schema = std::string(R"({"$defs":{"a":{"const":1}},"anyOf":[{"const":1},{"$ref":")") + ref + R"("}]})";
+    try {
+      json_schema_text_to_gbnf(schema, {});
+      ADD_FAILURE() << ref << " resolved";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("cannot resolve $ref '") + ref + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ConstraintSchema, JsonObjectModeAcceptsAnyCompactObject) {
   const Grammar g = parse_gbnf(json_object_gbnf(), "json_object");
   for (const char* ok : {"{}", R"({"a":[1,{"b":null}],"c":"\u00e9\n"})", R"({"x":-0.5e+3,"y":true})"})
