@@ -13,8 +13,8 @@
 #include "commands.h"
 #include "serve/http_server.h"
 #include "tessera/error.h"
+#include "tessera/deployment_spec.h"
 #include "tessera/read_file.h"
-#include "tessera/gguf.h"
 
 namespace tessera::cli {
 
@@ -22,6 +22,7 @@ namespace {
 
 struct ServeArgs {
   PipelineArgs pipeline;
+  std::string deployment;  // -d
   std::optional<std::string> host;
   std::optional<int64_t> port;
   std::optional<std::string> api_key;
@@ -52,8 +53,8 @@ std::vector<serve::ApiKey> read_api_keys(const std::string& file) {
   return keys;
 }
 
-// The pipeline's server section with defaults, then the flags.
-serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& args) {
+// The deployment's (or the pipeline's) server section with defaults, then the flags.
+serve::ServerConfig server_config(const DeploymentSpec& spec, const ServeArgs& args) {
   const std::string where = (spec.path.empty() ? std::string("(defaults)") : spec.path) + ": server";
   const Params p = validate_params(server_params(), spec.server, where);
   serve::ServerConfig c;
@@ -73,7 +74,6 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
                 " (requests past the threads would wait unseen and never get their 429; the spare threads "
                 "answer /health, /metrics and refusals)");
   }
-  c.model_name = p.get_string("model_name");
   c.default_max_tokens = p.get_int("default_max_tokens");
   c.chat_template = p.get_string("chat_template");
   std::string key = p.get_string("api_key");
@@ -105,13 +105,6 @@ serve::ServerConfig server_config(const PipelineSpec& spec, const ServeArgs& arg
   return c;
 }
 
-std::string chat_template_text(const std::string& model_path) {
-  const auto file = GgufFile::open(model_path);
-  const GgufValue* v = file->find("tokenizer.chat_template");
-  if (v == nullptr) return "";
-  return file->get_string("tokenizer.chat_template");
-}
-
 void serve_command(const ServeArgs& args) {
   // Signals are taken by one thread with sigwait; every thread started from here inherits the mask.
   sigset_t signals;
@@ -123,21 +116,40 @@ void serve_command(const ServeArgs& args) {
 
   Registry registry;
   load_plugins(registry);
-  const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
+  DeploymentSpec spec;
+  if (!args.deployment.empty()) {
+    spec = load_deployment_spec(args.deployment);
+    for (const ModelSpec& m : spec.models) {
+      for (const VariantSpec& v : m.variants) {
+        if (!v.pipeline.server.empty()) {
+          std::cerr << "tessera serve: " << v.where << ": the server section of " << v.pipeline.path
+                    << " does not apply; the deployment's does\n";
+        }
+      }
+    }
+  } else {
+    PipelineSpec pipeline = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
+    // The model's name: server.model_name, else the model file's stem (-m replaces the file).
+    const Params p = validate_params(server_params(), pipeline.server, pipeline.path + ": server");
+    std::string name = p.get_string("model_name");
+    if (name.empty()) {
+      name = std::filesystem::path(args.pipeline.model.empty() ? pipeline.model : args.pipeline.model).stem().string();
+    }
+    if (name.empty()) name = "default";  // no model at all: building the pipeline says so
+    if (!valid_deployment_name(name)) {
+      throw Error(pipeline.path + ": server: model_name '" + name +
+                  "' must be 1 to 64 of the characters A-Z a-z 0-9 . _ : / - (set server.model_name)");
+    }
+    spec = single_pipeline_deployment(std::move(pipeline), name);
+  }
   serve::ServerConfig config = server_config(spec, args);
-  std::unique_ptr<Pipeline> pipeline = build_pipeline(registry, spec, args.pipeline);
-  if (config.model_name.empty()) config.model_name = std::filesystem::path(pipeline->model_path()).stem().string();
+  serve::Deployment deployment(
+      spec, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline); }, config.chat_template);
 
-  std::string note;
-  const serve::ChatTemplate chat =
-      serve::ChatTemplate::choose(config.chat_template, chat_template_text(pipeline->model_path()), &note);
-  if (!note.empty()) std::cerr << note << "\n";
-
-  serve::ServingEngine engine(*pipeline);
-  serve::HttpServer server(*pipeline, engine, chat, config);
+  serve::HttpServer server(deployment, config);
   const int port = server.bind();
-  std::cerr << "tessera serve: " << pipeline->describe() << ", model '" << config.model_name << "'"
-            << (config.api_keys.empty() ? "" : ", API key required") << "\n";
+  std::cerr << "tessera serve: " << deployment.describe() << (config.api_keys.empty() ? "" : ", API key required")
+            << "\n";
   std::cout << "listening on http://" << config.host << ":" << port << std::endl;
 
   std::atomic<bool> exiting{false};
@@ -152,7 +164,7 @@ void serve_command(const ServeArgs& args) {
     sigwait(&signals, &sig);
     if (exiting) return;
     std::cerr << "tessera serve: second signal, cancelling in-flight requests\n";
-    engine.cancel_all();
+    deployment.cancel_all();
   });
 
   server.run();
@@ -160,7 +172,7 @@ void serve_command(const ServeArgs& args) {
   pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes its sigwait, whichever it is in
   signal_thread.join();
   if (shutdown_thread.joinable()) shutdown_thread.join();
-  engine.stop();
+  deployment.stop();
   std::cerr << "tessera serve: stopped\n";
 }
 
@@ -170,6 +182,10 @@ void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, SSE, metrics)");
   add_pipeline_options(*cmd, args->pipeline);
+  cmd->add_option("-d,--deployment", args->deployment,
+                  "deployment file: several models, or weighted variants of one (docs/deployments.md)")
+      ->excludes(cmd->get_option("--pipeline"))
+      ->excludes(cmd->get_option("--model"));
   cmd->add_option("--host", args->host, "address to bind (default 127.0.0.1, or the pipeline's server.host)");
   cmd->add_option("--port", args->port, "TCP port (default 8080; 0 = any free port, printed at start)");
   auto* key = cmd->add_option("--api-key", args->api_key, "require 'Authorization: Bearer KEY'");

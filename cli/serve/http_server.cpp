@@ -88,6 +88,7 @@ std::string refusal_code(int status) {
 
 // One streaming response's state.
 struct HttpServer::Stream {
+  Variant* variant = nullptr;
   std::shared_ptr<RequestHandle> handle;
   OpenAiRequest request;
   ResponseMeta meta;
@@ -98,8 +99,8 @@ struct HttpServer::Stream {
   bool observed = false;  // its result is in the metrics
 };
 
-HttpServer::HttpServer(Pipeline& pipeline, ServingEngine& engine, ChatTemplate chat, ServerConfig config)
-    : pipeline_(pipeline), engine_(engine), chat_(chat), config_(std::move(config)),
+HttpServer::HttpServer(Deployment& deployment, ServerConfig config)
+    : deployment_(deployment), config_(std::move(config)),
       started_(int64_t(std::time(nullptr))) {
   TransportConfig t;
   t.host = config_.host;
@@ -136,7 +137,7 @@ void HttpServer::shutdown() {
   std::unique_lock lock(drain_mutex_);
   if (!drain_cv_.wait_until(lock, deadline, [&] { return in_flight_ == 0; })) {
     std::cerr << "shutdown: deadline passed with " << in_flight_ << " request(s) in flight; cancelling them\n";
-    engine_.cancel_all();
+    deployment_.cancel_all();
     // Cancelled requests answer at once (503, or an error event on a stream); a client that does
     // not read its answer is cut off when the connections close.
     drain_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return in_flight_ == 0; });
@@ -211,27 +212,47 @@ std::optional<HttpResponse> HttpServer::on_head(const HttpRequest& req) {
 
 HttpResponse HttpServer::get_route_answer(const HttpRequest& req) {
   if (req.path == "/health") {
-    const std::string failure = engine_.failure();
+    const std::string failure = deployment_.failure();
     if (!failure.empty()) return json_response(503, {{"status", "failed"}, {"error", failure}});
     if (draining_) return json_response(503, {{"status", "shutting_down"}});
-    return json_response(200, {{"status", "ok"}, {"model", config_.model_name}});
+    json names = json::array();
+    for (const ServedModel& m : deployment_.models()) names.push_back(m.name);
+    return json_response(200, {{"status", "ok"}, {"model", deployment_.models().front().name}, {"models", names}});
   }
   if (req.path == "/metrics") {
+    std::vector<VariantSnapshot> variants;
+    for (const ServedModel& m : deployment_.models()) {
+      for (const auto& v : m.variants) {
+        variants.push_back({m.name, v->name, v->weight.load(), v->engine->snapshot(),
+                            v->pipeline->decoder().speculator() != nullptr});
+      }
+    }
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_.render(engine_.snapshot(), in_flight_, pipeline_.decoder().speculator() != nullptr);
+    r.body = metrics_.render(variants, in_flight_);
     return r;
   }
-  const json model = {{"id", config_.model_name}, {"object", "model"}, {"created", started_},
-                      {"owned_by", "tessera"}, {"max_model_len", pipeline_.max_sequence_tokens()},
-                      {"chat_template", chat_.describe()}};
-  if (req.path == "/v1/models") return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+  if (req.path == "/v1/models") {
+    json data = json::array();
+    for (const ServedModel& m : deployment_.models()) data.push_back(model_json(m));
+    return json_response(200, {{"object", "list"}, {"data", data}});
+  }
   const std::string id = req.path.substr(std::string("/v1/models/").size());
-  if (id != config_.model_name) {
-    return error_response(ApiError(404, "model '" + id + "' does not exist; this server serves '" + config_.model_name + "'",
+  const ServedModel* m = id.empty() ? nullptr : deployment_.find(id);
+  if (m == nullptr) {
+    return error_response(ApiError(404, "model '" + id + "' does not exist; this server serves " + deployment_.names(),
                                    "model", "model_not_found"));
   }
-  return json_response(200, model);
+  return json_response(200, model_json(*m));
+}
+
+json HttpServer::model_json(const ServedModel& m) const {
+  const Variant& v = *m.variants.front();
+  json variants = json::array();
+  for (const auto& x : m.variants) variants.push_back({{"name", x->name}, {"weight", x->weight.load()}});
+  return {{"id", m.name}, {"object", "model"}, {"created", started_}, {"owned_by", "tessera"},
+          {"max_model_len", v.pipeline->max_sequence_tokens()}, {"chat_template", v.chat.describe()},
+          {"variants", variants}};
 }
 
 // On a worker thread, with the body.
@@ -249,49 +270,53 @@ std::optional<HttpResponse> HttpServer::handle(const HttpRequest& req, HttpConne
   return r;
 }
 
-void HttpServer::check_model(const std::string& model) const {
-  if (!model.empty() && model != config_.model_name) {
-    throw ApiError(404, "model '" + model + "' does not exist; this server serves '" + config_.model_name + "'",
+Variant& HttpServer::variant_for(const std::string& model, const std::string& user) const {
+  const ServedModel* m = deployment_.find(model);
+  if (m == nullptr) {
+    throw ApiError(400, "'model' is '" + model + "', which this server does not serve; it serves " + deployment_.names(),
                    "model", "model_not_found");
   }
+  return deployment_.route(*m, user);
 }
 
 json HttpServer::tokenize(const TokenizeRequest& r) const {
-  check_model(r.model);
-  const Tokenizer& tok = pipeline_.tokenizer();
+  const Variant& v = variant_for(r.model, "");
+  const Tokenizer& tok = v.pipeline->tokenizer();
   const std::string field = r.chat ? "messages" : "prompt";
   std::vector<int32_t> ids;
   try {
-    ids = r.chat ? chat_.encode(tok, r.messages) : r.add_special_tokens ? prompt_ids(tok, r.text) : tok.encode(r.text, false);
+    ids = r.chat ? v.chat.encode(tok, r.messages) : r.add_special_tokens ? prompt_ids(tok, r.text) : tok.encode(r.text, false);
   } catch (const Error& e) {
     throw bad_field(field, "cannot tokenize '" + field + "': " + e.what());
   }
-  return {{"count", ids.size()}, {"max_model_len", pipeline_.max_sequence_tokens()}, {"tokens", ids}};
+  return {{"count", ids.size()}, {"max_model_len", v.pipeline->max_sequence_tokens()}, {"tokens", ids}};
 }
 
 json HttpServer::detokenize(const DetokenizeRequest& r) const {
-  check_model(r.model);
-  const int64_t vocab = pipeline_.model().config().vocab;
+  const Variant& v = variant_for(r.model, "");
+  const int64_t vocab = v.pipeline->model().config().vocab;
   for (const int32_t t : r.tokens) {
     if (t >= vocab) {
       throw bad_field("tokens", "'tokens' holds token id " + std::to_string(t) + ", outside the vocabulary (0.." +
                                     std::to_string(vocab - 1) + ")");
     }
   }
-  return {{"prompt", pipeline_.tokenizer().decode(r.tokens)}};
+  return {{"prompt", v.pipeline->tokenizer().decode(r.tokens)}};
 }
 
-GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
-  const Tokenizer& tok = pipeline_.tokenizer();
-  const ModelConfig& model = pipeline_.model().config();
+GenerationRequest HttpServer::build_request(const OpenAiRequest& r, const Variant& v) const {
+  Pipeline& pipeline = *v.pipeline;
+  const ChatTemplate& templ = v.chat;
+  const Tokenizer& tok = pipeline.tokenizer();
+  const ModelConfig& model = pipeline.model().config();
   const bool chat = r.endpoint == Endpoint::chat;
   const std::string prompt_field = chat ? "messages" : "prompt";
   GenerationRequest g;
   try {
     if (chat) {
-      g.prompt = chat_.encode(tok, r.messages, r.tools);
-      g.stop_tokens = chat_.stop_tokens(tok);
-      for (const auto& s : chat_.stop_strings(tok)) g.stop.push_back(s);
+      g.prompt = templ.encode(tok, r.messages, r.tools);
+      g.stop_tokens = templ.stop_tokens(tok);
+      for (const auto& s : templ.stop_strings(tok)) g.stop.push_back(s);
     } else if (r.prompt_text) {
       g.prompt = prompt_ids(tok, *r.prompt_text);
     } else {
@@ -311,10 +336,10 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
     }
   }
   const auto n = int64_t(g.prompt.size());
-  const int64_t ctx = pipeline_.max_sequence_tokens();
+  const int64_t ctx = pipeline.max_sequence_tokens();
   if (n >= ctx) {
     throw bad_field(prompt_field,
-                    "the prompt is " + std::to_string(n) + " tokens; " + pipeline_.sequence_limit_text() +
+                    "the prompt is " + std::to_string(n) + " tokens; " + pipeline.sequence_limit_text() +
                         " must also hold at least one generated token",
                     "context_length_exceeded");
   }
@@ -323,7 +348,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
       throw bad_field(r.max_tokens_field,
                       "'" + r.max_tokens_field + "' is " + std::to_string(*r.max_tokens) + ", but the prompt is " +
                           std::to_string(n) +
-                          " tokens and the limit " + std::to_string(ctx) + " (" + pipeline_.sequence_limit_text() +
+                          " tokens and the limit " + std::to_string(ctx) + " (" + pipeline.sequence_limit_text() +
                           "): at most " + std::to_string(ctx - n) +
                           " tokens can be generated",
                       "context_length_exceeded");
@@ -333,7 +358,7 @@ GenerationRequest HttpServer::build_request(const OpenAiRequest& r) const {
     g.max_tokens = std::min(config_.default_max_tokens, ctx - n);
   }
 
-  SamplingParams s = pipeline_.decoder().default_params();
+  SamplingParams s = pipeline.decoder().default_params();
   if (r.temperature) s.temperature = *r.temperature;
   if (r.top_p) s.top_p = *r.top_p;
   if (r.top_k) s.top_k = *r.top_k;
@@ -380,6 +405,7 @@ class HttpServer::Admission {
 std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRequest& req, HttpConnection& conn) {
   const std::string route = route_label(req.path);
   std::string user;
+  const Variant* variant = nullptr;  // once chosen: named in the response's X-Tessera-Variant header
   Admission admission(*this);
   HttpResponse res;
   try {
@@ -389,10 +415,11 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       if (const ApiKey* key = authenticated_key(req)) r.user = r.user.empty() ? key->name : key->name + "/" + r.user;
     }
     user = r.user;
-    check_model(r.model);
-    GenerationRequest g = build_request(r);
+    Variant& v = variant_for(r.model, r.user);
+    variant = &v;
+    GenerationRequest g = build_request(r, v);
     std::string constraint_kind;
-    g.constraint = compile_request_constraint(pipeline_.constraint(), r, &constraint_kind);
+    g.constraint = compile_request_constraint(v.pipeline->constraint(), r, &constraint_kind);
     // Tool calls are read back from the output unless tool_choice is none.
     const bool tool_calls = endpoint == Endpoint::chat && !r.tools.empty() && r.tool_choice != ToolChoice::none;
     if (!admission.enter()) {
@@ -401,16 +428,18 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
     }
     std::shared_ptr<RequestHandle> handle;
     try {
-      handle = engine_.submit(std::move(g));
+      handle = v.engine->submit(std::move(g));
     } catch (const Error& e) {
-      if (draining_ || !engine_.failure().empty()) throw ApiError(503, e.what(), "", "unavailable", "server_error");
+      if (draining_ || !v.engine->failure().empty()) throw ApiError(503, e.what(), "", "unavailable", "server_error");
       throw bad_field("", e.what());
     }
     if (!constraint_kind.empty()) metrics_.count_constrained(constraint_kind);
-    ResponseMeta meta{endpoint, (endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-") + std::to_string(handle->id()),
-                      int64_t(std::time(nullptr)), config_.model_name};
+    // Numbered by the server: each variant's engine counts its own requests.
+    ResponseMeta meta{endpoint, (endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_response_id_),
+                      int64_t(std::time(nullptr)), v.model};
     if (r.stream) {
       Stream st;
+      st.variant = &v;
       st.handle = std::move(handle);
       st.request = std::move(r);
       st.meta = std::move(meta);
@@ -428,11 +457,11 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
     while (!result) {
       if (!gone && conn.client_gone()) {
         gone = true;
-        engine_.cancel(handle->id());
+        v.engine->cancel(handle->id());
       }
       handle->wait(std::chrono::milliseconds(50), text, result);
     }
-    metrics_.observe(user, *result);
+    metrics_.observe(user, v.model, v.name, *result);
     if (gone) {
       res.status = 499;  // nginx's "client closed request", for the route's count; nobody reads it
       res.close = true;
@@ -441,16 +470,16 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       return res;
     }
     if (result->reason == FinishReason::error) {
-      if (!engine_.failure().empty()) throw ApiError(500, result->error, "", "internal_error");
+      if (!v.engine->failure().empty()) throw ApiError(500, result->error, "", "internal_error");
       if (result->model_fault) throw ApiError(500, result->error, "", "generation_failed", "server_error");
       throw bad_field("", result->error, "generation_failed");
     }
     if (result->reason == FinishReason::cancelled) {
       throw ApiError(503, "the request was cancelled: the server is shutting down", "", "cancelled", "server_error");
     }
-    json body = response_json(meta, *result, r, pipeline_.tokenizer());
+    json body = response_json(meta, *result, r, v.pipeline->tokenizer());
     if (tool_calls) {
-      if (auto calls = parse_tool_calls(result->text, r.tools, r.parallel_tool_calls, chat_.wants_short_call_ids())) {
+      if (auto calls = parse_tool_calls(result->text, r.tools, r.parallel_tool_calls, v.chat.wants_short_call_ids())) {
         json& choice = body["choices"][0];
         choice["message"]["content"] = nullptr;
         choice["message"]["tool_calls"] = tool_calls_json(*calls);
@@ -463,6 +492,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
     res = error_response(e);
     metrics_.count_user(user, e.status());
   }
+  if (variant != nullptr) res.headers.emplace_back("X-Tessera-Variant", variant->name);
   metrics_.count_http(route, res.status);
   return res;
 }
@@ -470,7 +500,8 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
 // Sends the head at once: a client gone while its request is still queued is noticed as one gone
 // while it generates (the head's write makes a closed connection reset).
 void HttpServer::stream(Stream& st, HttpConnection& conn) {
-  bool ok = conn.start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  bool ok = conn.start_stream(200, "text/event-stream",
+                              {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}, {"X-Tessera-Variant", st.variant->name}});
   auto send = [&](const json& j) { return ok = ok && conn.write(sse_event(j)); };
   if (st.meta.endpoint == Endpoint::chat) send(chunk_json(st.meta, "", "assistant"));
   while (ok) {
@@ -488,12 +519,13 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
       if (ok && conn.client_gone()) ok = false;
       continue;
     }
-    metrics_.observe(st.request.user, *result);
+    metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
     st.observed = true;
     std::optional<std::vector<ToolCall>> calls;
     const bool answered = result->reason != FinishReason::error && result->reason != FinishReason::cancelled;
     if (st.hold != OutputStart::text && answered) {
-      calls = parse_tool_calls(st.pending, st.request.tools, st.request.parallel_tool_calls, chat_.wants_short_call_ids());
+      calls = parse_tool_calls(st.pending, st.request.tools, st.request.parallel_tool_calls,
+                               st.variant->chat.wants_short_call_ids());
     }
     if (calls) {
       // Each call whole in one delta (OpenAI's clients join the pieces of a call by its index).
@@ -528,13 +560,13 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
     break;
   }
   // A client that went away cancels its request, which gives its KV blocks back.
-  if (!st.finished) engine_.cancel(st.handle->id());
+  if (!st.finished) st.variant->engine->cancel(st.handle->id());
   // A stream cut short still counts its tokens and first-token time; the cancelled result comes
   // within a step.
   std::string text;
   std::optional<GenerationResult> result;
   for (int i = 0; i < 100 && !st.observed && !result; ++i) st.handle->wait(std::chrono::milliseconds(50), text, result);
-  if (result) metrics_.observe(st.request.user, *result);
+  if (result) metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
   metrics_.count_user(st.request.user, st.finished ? 200 : 499);
 }
 

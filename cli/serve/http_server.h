@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat_template.h"
+#include "deployment.h"
 #include "openai_request.h"
 #include "metrics.h"
 #include "serving_engine.h"
@@ -57,14 +58,13 @@ struct ServerConfig {
   int64_t http_threads = 264;
   double request_deadline = 30;  // seconds for one request's headers and body
   int64_t max_connections_per_client = 512;
-  std::string model_name;  // the id clients send as "model"
   int64_t default_max_tokens = 256;
   std::string chat_template = "auto";  // see ChatTemplate::choose
 };
 
 class HttpServer {
  public:
-  HttpServer(Pipeline& pipeline, ServingEngine& engine, ChatTemplate chat, ServerConfig config);
+  HttpServer(Deployment& deployment, ServerConfig config);
   ~HttpServer();
 
   // Binds host:port (port 0 picks a free one) and returns the port; throws Error when it cannot.
@@ -83,22 +83,23 @@ class HttpServer {
   std::optional<HttpResponse> handle(const HttpRequest& req, HttpConnection& conn);
   HttpResponse get_route_answer(const HttpRequest& req);
   std::optional<HttpResponse> generate(Endpoint endpoint, const HttpRequest& req, HttpConnection& conn);
-  GenerationRequest build_request(const OpenAiRequest& r) const;
-  void check_model(const std::string& model) const;
+  GenerationRequest build_request(const OpenAiRequest& r, const Variant& v) const;
+  // The variant serving a request that names `model` for `user`; ApiError 400 for an unknown model.
+  Variant& variant_for(const std::string& model, const std::string& user) const;
+  nlohmann::json model_json(const ServedModel& m) const;
   nlohmann::json tokenize(const TokenizeRequest& r) const;
   nlohmann::json detokenize(const DetokenizeRequest& r) const;
   void stream(Stream& st, HttpConnection& conn);
   bool try_admit();
   void leave();
 
-  Pipeline& pipeline_;
-  ServingEngine& engine_;
-  ChatTemplate chat_;
+  Deployment& deployment_;
   ServerConfig config_;
   ServerMetrics metrics_;
   std::unique_ptr<HttpTransport> transport_;
   int64_t started_ = 0;
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> next_response_id_{0};
   std::atomic<bool> draining_{false};
   std::atomic<bool> run_returned_{false};
   std::mutex drain_mutex_;

@@ -51,6 +51,41 @@ void write_draft_metrics(std::string& out, const EngineSnapshot& snapshot, bool 
   sample(out, "tessera_draft_acceptance_rate", "", s.acceptance_rate());
 }
 
+void add_prefix(PrefixStats& sum, const PrefixStats& p) {
+  sum.lookups += p.lookups;
+  sum.lookup_tokens += p.lookup_tokens;
+  sum.hit_tokens += p.hit_tokens;
+  sum.cached_blocks += p.cached_blocks;
+  sum.evictions += p.evictions;
+}
+
+void add_snapshot(EngineSnapshot& sum, const EngineSnapshot& s) {
+  EngineStats& e = sum.engine;
+  e.steps += s.engine.steps;
+  e.prefill_tokens += s.engine.prefill_tokens;
+  e.decode_tokens += s.engine.decode_tokens;
+  e.preemptions += s.engine.preemptions;
+  e.waiting += s.engine.waiting;
+  e.running += s.engine.running;
+  e.peak_running += s.engine.peak_running;
+  e.speculation.verifications += s.engine.speculation.verifications;
+  e.speculation.proposed += s.engine.speculation.proposed;
+  e.speculation.accepted += s.engine.speculation.accepted;
+  e.constrained_tokens += s.engine.constrained_tokens;
+  e.mask_seconds += s.engine.mask_seconds;
+  CacheStats& c = sum.cache;
+  c.blocks_total += s.cache.blocks_total;
+  c.blocks_used += s.cache.blocks_used;
+  c.sequences += s.cache.sequences;
+  add_prefix(c.prefix, s.cache.prefix);
+  for (const auto& [user, p] : s.cache.users) add_prefix(c.users[user], p);
+  sum.in_flight += s.in_flight;
+}
+
+std::string variant_labels(const std::string& model, const std::string& variant) {
+  return "model=\"" + prom_escape(model) + "\",variant=\"" + prom_escape(variant) + "\"";
+}
+
 }  // namespace
 
 std::string prom_escape(const std::string& value) {
@@ -110,9 +145,12 @@ void ServerMetrics::count_constrained(const std::string& kind) {
   ++constrained_[kind];
 }
 
-void ServerMetrics::observe(const std::string& user, const GenerationResult& r) {
+void ServerMetrics::observe(const std::string& user, const std::string& model, const std::string& variant,
+                            const GenerationResult& r) {
   std::lock_guard lock(mutex_);
-  for (Series* s : {&global_, &user_series(user)}) {
+  Series& by_variant = variants_[{model, variant}];
+  ++by_variant.requests[r.reason == FinishReason::error ? 500 : r.reason == FinishReason::cancelled ? 499 : 200];
+  for (Series* s : {&global_, &user_series(user), &by_variant}) {
     s->prompt_tokens += int64_t(r.prompt.size());
     s->completion_tokens += int64_t(r.tokens.size());
     s->cached_tokens += r.cached_tokens;
@@ -121,7 +159,12 @@ void ServerMetrics::observe(const std::string& user, const GenerationResult& r) 
   }
 }
 
-std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_flight, bool speculates) const {
+std::string ServerMetrics::render(const std::vector<VariantSnapshot>& variants, int64_t http_in_flight) const {
+  // The server's totals: every variant's engine added up.
+  EngineSnapshot snap;
+  bool speculates = false;
+  for (const VariantSnapshot& v : variants) add_snapshot(snap, v.snapshot);
+  for (const VariantSnapshot& v : variants) speculates = speculates || v.speculates;
   std::lock_guard lock(mutex_);
   std::string out;
   header(out, "tessera_http_requests_total", "counter", "HTTP requests answered, by route and status.");
@@ -231,7 +274,60 @@ std::string ServerMetrics::render(const EngineSnapshot& snap, int64_t http_in_fl
   for (const auto& [user, p] : c.users) sample(out, "tessera_user_prefix_cache_blocks", user_label(user), double(p.cached_blocks));
 
   write_draft_metrics(out, snap, speculates);
+  write_variants(out, variants);
   return out;
+}
+
+void ServerMetrics::write_variants(std::string& out, const std::vector<VariantSnapshot>& variants) const {
+  header(out, "tessera_variant_weight", "gauge", "Each variant's weight: its share of its model's traffic is weight / the model's total.");
+  for (const VariantSnapshot& v : variants) sample(out, "tessera_variant_weight", variant_labels(v.model, v.variant), v.weight);
+  const Series none;
+  auto series = [&](const VariantSnapshot& v) -> const Series& {
+    const auto it = variants_.find({v.model, v.variant});
+    return it == variants_.end() ? none : it->second;
+  };
+  header(out, "tessera_variant_requests_total", "counter",
+         "Generation requests a variant finished, by outcome (200 answered, 499 cancelled, 500 failed).");
+  for (const VariantSnapshot& v : variants) {
+    for (const auto& [status, n] : series(v).requests) {
+      sample(out, "tessera_variant_requests_total",
+             variant_labels(v.model, v.variant) + ",status=\"" + std::to_string(status) + "\"", double(n));
+    }
+  }
+  header(out, "tessera_variant_prompt_tokens_total", "counter", "Prompt tokens of finished requests, per variant.");
+  for (const VariantSnapshot& v : variants) {
+    sample(out, "tessera_variant_prompt_tokens_total", variant_labels(v.model, v.variant), double(series(v).prompt_tokens));
+  }
+  header(out, "tessera_variant_generation_tokens_total", "counter", "Tokens generated by finished requests, per variant.");
+  for (const VariantSnapshot& v : variants) {
+    sample(out, "tessera_variant_generation_tokens_total", variant_labels(v.model, v.variant),
+           double(series(v).completion_tokens));
+  }
+  header(out, "tessera_variant_time_to_first_token_seconds", "histogram", "Time to first token, per variant.");
+  for (const VariantSnapshot& v : variants) {
+    series(v).ttft.write(out, "tessera_variant_time_to_first_token_seconds", variant_labels(v.model, v.variant));
+  }
+  header(out, "tessera_variant_inter_token_latency_seconds", "histogram", "Inter-token latency, per variant.");
+  for (const VariantSnapshot& v : variants) {
+    series(v).itl.write(out, "tessera_variant_inter_token_latency_seconds", variant_labels(v.model, v.variant));
+  }
+  const std::pair<const char*, const char*> gauges[] = {
+      {"tessera_variant_queue_depth", "Requests waiting for admission to the variant's engine."},
+      {"tessera_variant_requests_running", "Sequences the variant's engine is running."},
+      {"tessera_variant_kv_blocks_used", "KV cache blocks holding the variant's running sequences."},
+      {"tessera_variant_kv_blocks_total", "KV cache blocks in the variant's pool."}};
+  for (const auto& [name, help] : gauges) {
+    header(out, name, "gauge", help);
+    for (const VariantSnapshot& v : variants) {
+      const EngineSnapshot& s = v.snapshot;
+      const std::string n = name;
+      const double value = n == "tessera_variant_queue_depth"       ? double(s.engine.waiting)
+                           : n == "tessera_variant_requests_running" ? double(s.engine.running)
+                           : n == "tessera_variant_kv_blocks_used"   ? double(s.cache.blocks_used)
+                                                                     : double(s.cache.blocks_total);
+      sample(out, name, variant_labels(v.model, v.variant), value);
+    }
+  }
 }
 
 }  // namespace tessera::serve

@@ -1,7 +1,9 @@
 // Server metrics in the Prometheus text format (version 0.0.4): requests by route and status, tokens
 // in and out, time-to-first-token and inter-token histograms, queue depth, KV blocks, prefix hit rate
 // — globally and per user (the request's `user` field). Users beyond kMaxUsers share the label
-// "_other", so a client inventing user names cannot grow the page without bound.
+// "_other", so a client inventing user names cannot grow the page without bound. With several models
+// or variants (a deployment), the unlabelled series are the server's totals and the tessera_variant_*
+// series give each variant's share, labelled model="..",variant="..".
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,14 @@ class Histogram {
   int64_t count_ = 0;
 };
 
+// One variant's engine as /metrics reports it.
+struct VariantSnapshot {
+  std::string model, variant;
+  double weight = 1;
+  EngineSnapshot snapshot;
+  bool speculates = false;
+};
+
 class ServerMetrics {
  public:
   static constexpr size_t kMaxUsers = 100;  // as many as the prefix cache reports (its other users are "_other" too)
@@ -41,10 +51,12 @@ class ServerMetrics {
   // A generation request with a constraint (structured output), by its kind: json_object,
   // json_schema, grammar, regex, choice or tools (tool_choice required or named).
   void count_constrained(const std::string& kind);
-  // A finished generation: tokens in/out and its latencies (seconds on the engine clock).
-  void observe(const std::string& user, const GenerationResult& result);
-  // The whole page; draft metrics where the pipeline `speculates`.
-  std::string render(const EngineSnapshot& snapshot, int64_t http_in_flight, bool speculates = false) const;
+  // A finished generation by a model's variant: tokens in/out and its latencies (seconds on the
+  // engine clock).
+  void observe(const std::string& user, const std::string& model, const std::string& variant,
+               const GenerationResult& result);
+  // The whole page; draft metrics where a variant's pipeline speculates.
+  std::string render(const std::vector<VariantSnapshot>& variants, int64_t http_in_flight) const;
 
  private:
   struct Series {
@@ -54,12 +66,14 @@ class ServerMetrics {
     Series();
   };
   Series& user_series(const std::string& user);
+  void write_variants(std::string& out, const std::vector<VariantSnapshot>& variants) const;
 
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status)
   std::map<std::string, int64_t> constrained_;  // by kind
   Series global_;
   std::map<std::string, Series> users_;
+  std::map<std::pair<std::string, std::string>, Series> variants_;  // by (model, variant): a deployment's few
 };
 
 // Prometheus label value escaping (backslash, quote, newline).

@@ -1,18 +1,16 @@
 #include "tessera/pipeline_spec.h"
 
-#include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion
-#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <filesystem>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "tessera/error.h"
 #include "tessera/read_file.h"
 #include "tessera/registry.h"
+#include "yaml/yaml_file.h"
 
 namespace tessera {
 
@@ -33,108 +31,6 @@ std::string default_plugin(ComponentKind kind) {
 
 namespace {
 
-std::string at(const std::string& file, const YAML::Node& node) {
-  return file + ":" + std::to_string(node.Mark().line + 1);
-}
-
-// Where a map entry's value is, for messages about it: an empty value (`kv_dtype:`) has no text of
-// its own, and yaml-cpp marks it where the next token starts (the next line): name the key's line.
-std::string at_value(const std::string& file, const YAML::Node& key, const YAML::Node& value) {
-  return at(file, value.IsNull() ? key : value);
-}
-
-// yaml-cpp keeps the last of two equal keys in a map; a pipeline file must not say one thing twice.
-// A walk visits an alias at every use, so ten lines of aliases that repeat aliases stand for 10^10
-// values (a "billion laughs"): past `budget` values the file is refused, before anything walks it.
-void check_duplicate_keys(const std::string& file, const YAML::Node& node, int64_t& budget) {
-  if (--budget < 0) {
-    throw Error(file + ": the YAML expands to more than 100000 values (aliases that repeat aliases?); a pipeline "
-                       "is a few dozen keys");
-  }
-  if (node.IsSequence()) {
-    for (const auto& item : node) check_duplicate_keys(file, item, budget);
-  } else if (node.IsMap()) {
-    std::set<std::string> seen;
-    for (const auto& kv : node) {
-      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
-      if (!seen.insert(key).second) throw Error(at(file, kv.first) + ": duplicate key '" + key + "'");
-      check_duplicate_keys(file, kv.first, budget);
-      check_duplicate_keys(file, kv.second, budget);
-    }
-  }
-}
-
-// YAML scalars carry no type; a quoted scalar is a string, a bare one is read as bool, integer or
-// number when it looks like one.
-nlohmann::json to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return nullptr;
-    case YAML::NodeType::Scalar: {
-      const std::string s = node.Scalar();
-      if (node.Tag() == "!") return s;
-      if (s == "true" || s == "True") return true;
-      if (s == "false" || s == "False") return false;
-      if (s == "~" || s == "null") return nullptr;
-      try {
-        size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return static_cast<int64_t>(i);
-      } catch (const std::exception&) {
-      }
-      try {
-        size_t used = 0;
-        const double d = std::stod(s, &used);
-        // inf and nan stay text: JSON has no such numbers (they would read back as null).
-        if (used == s.size() && std::isfinite(d)) return d;
-      } catch (const std::exception&) {
-      }
-      return s;
-    }
-    case YAML::NodeType::Sequence: {
-      nlohmann::json arr = nlohmann::json::array();
-      for (const auto& item : node) arr.push_back(to_json(item));
-      return arr;
-    }
-    case YAML::NodeType::Map: {
-      nlohmann::json obj = nlohmann::json::object();
-      for (const auto& kv : node) obj[kv.first.as<std::string>()] = to_json(kv.second);
-      return obj;
-    }
-  }
-  return nullptr;
-}
-
-// Reads the `server:` map into spec.server, one key at a time so that each error names its line.
-void load_server_section(const std::string& path, const std::string& where, const YAML::Node& value,
-                         PipelineSpec& spec) {
-  if (!value.IsMap()) throw Error(where + ": 'server' must be a map (host, port, api_key_file, ...)");
-  for (const auto& kv : value) {
-    const std::string key = kv.first.as<std::string>();
-    const std::string where = at(path, kv.first);
-    const Params p = validate_params(server_params(), nlohmann::json{{key, to_json(kv.second)}}, where + ": server");
-    nlohmann::json v = p.get(key);
-    check_server_value(key, v, where);
-    if (key == "api_key_file") {
-      // Relative to the working directory, else to the pipeline's folder.
-      fs::path file = v.get<std::string>();
-      const fs::path beside = fs::path(path).parent_path() / file;
-      if (file.is_relative() && !fs::exists(file) && fs::exists(beside)) v = beside.string();
-    }
-    // A key given here replaces its alternative from an extended file.
-    const char* other = key == "api_key" ? "api_key_file" : key == "api_key_file" ? "api_key" : nullptr;
-    if (other != nullptr && value[other]) {
-      throw Error(where + ": server: give api_key or api_key_file, not both");
-    }
-    if (other != nullptr) {
-      spec.server.erase(other);
-      spec.server_where.erase(other);
-    }
-    spec.server[key] = v;
-    spec.server_where[key] = where;
-  }
-}
-
 void merge_component(ComponentSpec& base, ComponentSpec over) {
   if (over.plugin != base.plugin) {
     base = std::move(over);  // another plugin: the base's parameters mean nothing to it
@@ -150,41 +46,6 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
 
 constexpr size_t kMaxExtendsDepth = 32;
 
-// Counts the file's YAML documents without building them. Not YAML::LoadAll: yaml-cpp 0.7 never
-// ends on a flow indicator outside brackets (a line starting with ','): it yields empty documents at
-// the same place for ever. A document starting where the previous one did is that case.
-struct DocumentStarts : YAML::EventHandler {
-  std::vector<YAML::Mark> starts;
-  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
-};
-
-void check_one_document(const std::string& path, const std::string& text) {
-  std::istringstream in(text);
-  YAML::Parser parser(in);
-  DocumentStarts docs;
-  while (parser.HandleNextDocument(docs)) {
-    const size_t n = docs.starts.size();
-    if (n < 2 || docs.starts[n - 1].pos != docs.starts[n - 2].pos) continue;
-    const YAML::Mark& stuck = docs.starts[n - 1];
-    std::string line = text.substr(static_cast<size_t>(stuck.pos));
-    line = line.substr(0, std::min(line.find('\n'), size_t{40}));
-    throw Error(path + ":" + std::to_string(stuck.line + 1) + ": invalid YAML: unexpected '" + line.substr(0, 1) + "' in \"" + line +
-                "\" (',', '[', ']', '{' and '}' belong inside a [list] or {map}; quote a value that starts with one)");
-  }
-  if (docs.starts.size() > 1) {
-    throw Error(path + ": holds " + std::to_string(docs.starts.size()) +
-                " YAML documents (separated by '---'); a pipeline is one document");
-  }
-}
-
 PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   std::error_code ec;
   const std::string canon = fs::weakly_canonical(path, ec).string();
@@ -196,19 +57,8 @@ PipelineSpec load_file(const std::string& path, std::set<std::string>& chain) {
   }
   chain.insert(canon);
 
-  YAML::Node root;
-  try {
-    check_one_document(path, text);
-    root = YAML::Load(text);
-  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own message for it is "bad file"
-    throw Error(path + ":" + std::to_string(e.mark.line + 1) +
-                ": YAML nested too deeply (lists or maps inside each other); a pipeline is a few levels deep");
-  } catch (const YAML::Exception& e) {
-    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-  }
+  const YAML::Node root = load_yaml(path, text, "a pipeline");
   if (!root.IsMap()) throw Error(path + ": a pipeline must be a YAML map (model, backend, extends, components)");
-  int64_t budget = 100000;
-  check_duplicate_keys(path, root, budget);
   try {
     return load_root(path, root, canon, chain);
   } catch (const YAML::Exception& e) {  // a list or map where a name belongs (plugin: [paged], a key that is a list)
@@ -224,7 +74,7 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
   if (const YAML::Node ext = root["extends"]) {
     std::string ext_where;
     for (const auto& kv : root) {
-      if (kv.first.as<std::string>() == "extends") ext_where = at_value(path, kv.first, kv.second);
+      if (kv.first.as<std::string>() == "extends") ext_where = yaml_at_value(path, kv.first, kv.second);
     }
     if (!ext.IsScalar() || ext.Scalar().empty()) throw Error(ext_where + ": 'extends' must be a file name");
     fs::path base = ext.Scalar();
@@ -242,7 +92,7 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& value = kv.second;
-    const std::string where = at_value(path, kv.first, value);
+    const std::string where = yaml_at_value(path, kv.first, value);
     if (key == "extends") continue;
     if (key == "model") {
       if (!value.IsScalar()) throw Error(where + ": 'model' must be a file path");
@@ -271,7 +121,7 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
           throw Error(where + ": backend.plugin is empty; name a backend (cpu, cuda, hip or auto)");
         }
         name = value["plugin"].as<std::string>();
-        params = to_json(value);
+        params = yaml_to_json(value);
         params.erase("plugin");
       } else {
         throw Error(where + ": 'backend' must be cpu, cuda, hip, auto or a map with 'plugin:'");
@@ -291,11 +141,11 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
         const std::string kind_text = c.first.as<std::string>();
         ComponentKind kind;
         if (!parse_kind(kind_text, &kind) || kind == ComponentKind::backend) {
-          throw Error(at(path, c.first) + ": unknown component kind '" + kind_text +
+          throw Error(yaml_at(path, c.first) + ": unknown component kind '" + kind_text +
                       "' (expected quantizer, attention, cache, scheduler, decoder)");
         }
         ComponentSpec comp;
-        comp.where = at_value(path, c.first, c.second);
+        comp.where = yaml_at_value(path, c.first, c.second);
         if (c.second.IsScalar()) {
           comp.plugin = c.second.Scalar();  // shorthand: `attention: gqa`
         } else if (c.second.IsMap()) {
@@ -304,13 +154,13 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
             const std::string pk = p.first.as<std::string>();
             if (pk == "plugin") {
               if (p.second.IsNull() || (p.second.IsScalar() && p.second.Scalar().empty())) {
-                throw Error(at(path, p.first) + ": components." + kind_text + ".plugin is empty; name a " + kind_text +
+                throw Error(yaml_at(path, p.first) + ": components." + kind_text + ".plugin is empty; name a " + kind_text +
                             " plugin (`tessera plugins` lists them)");
               }
               comp.plugin = p.second.as<std::string>();  // a list or map throws: named by load_file
             } else {
-              comp.params[pk] = to_json(p.second);
-              comp.param_where[pk] = at(path, p.first);
+              comp.params[pk] = yaml_to_json(p.second);
+              comp.param_where[pk] = yaml_at(path, p.first);
             }
           }
         } else {
@@ -319,9 +169,9 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
         merge_component(spec.components[kind], std::move(comp));
       }
     } else if (key == "server") {
-      load_server_section(path, where, value, spec);
+      load_server_section(path, where, value, spec.server, spec.server_where);
     } else {
-      throw Error(at(path, kv.first) + ": unknown key '" + key +
+      throw Error(yaml_at(path, kv.first) + ": unknown key '" + key +
                   "' (a pipeline has model, backend, kv_dtype, extends, components, server)");
     }
   }

@@ -1,0 +1,60 @@
+// What one server serves (a DeploymentSpec built): models, each with one or more weighted variants,
+// each variant a pipeline with its own serving engine and chat template. A request's `model` picks
+// the model; the variant is drawn by weight, sticky per user (the same user lands on the same variant
+// while the weights stay), at random for anonymous requests.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "serving_engine.h"
+#include "tessera/deployment_spec.h"
+#include "tessera/pipeline.h"
+
+namespace tessera::serve {
+
+struct Variant {
+  std::string model;  // the model's name
+  std::string name;
+  std::atomic<double> weight{1};
+  std::unique_ptr<Pipeline> pipeline;
+  std::unique_ptr<ServingEngine> engine;
+  ChatTemplate chat{ChatFormat::fallback};  // replaced by the chosen one
+};
+
+struct ServedModel {
+  std::string name;
+  std::vector<std::unique_ptr<Variant>> variants;
+};
+
+class Deployment {
+ public:
+  // `build` makes each variant's pipeline (the CLI's overrides applied); `chat_setting` is the
+  // server's chat_template setting, applied to each variant's GGUF.
+  using PipelineBuilder = std::function<std::unique_ptr<Pipeline>(const PipelineSpec&)>;
+  Deployment(const DeploymentSpec& spec, const PipelineBuilder& build, const std::string& chat_setting);
+  ~Deployment();
+
+  const std::vector<ServedModel>& models() const { return models_; }
+  // The model named `name` ("" = the first one), or nullptr.
+  const ServedModel* find(const std::string& name) const;
+  // The variant that serves `user` (empty: anonymous, a random draw).
+  Variant& route(const ServedModel& model, const std::string& user) const;
+  // "model 'a', model 'b' (variants x 90%, y 10%)": for the start-up line and error messages.
+  std::string describe() const;
+  std::string names() const;  // "'a', 'b'"
+
+  // Every variant's engine.
+  void cancel_all();
+  void stop();
+  std::string failure() const;  // the first failed engine's message, "" when none
+
+ private:
+  std::vector<ServedModel> models_;
+};
+
+}  // namespace tessera::serve

@@ -1,0 +1,53 @@
+// A deployment file (YAML) for `tessera serve -d`: the models one server serves, each the OpenAI
+// `model` name of one pipeline or of several weighted variants (a canary beside the stable one).
+//
+//   server: { port: 8080 }                       # optional: as a pipeline's server section
+//   models:
+//     - name: stories                            # what clients send as "model"
+//       pipeline: pipelines/default.yaml         # relative: to the working directory, else to this file
+//     - name: chat
+//       variants:
+//         - { name: stable, pipeline: pipelines/paged.yaml, weight: 95 }
+//         - { name: canary, pipeline: pipelines/serve.yaml, weight: 5 }
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/pipeline_spec.h"
+
+namespace tessera {
+
+struct VariantSpec {
+  std::string name;  // "default" for a model given as one pipeline
+  double weight = 1;  // share of the model's traffic, relative to its other variants (>= 0)
+  PipelineSpec pipeline;
+  std::string where;  // "file:line"
+};
+
+struct ModelSpec {
+  std::string name;
+  std::vector<VariantSpec> variants;
+  std::string where;
+};
+
+struct DeploymentSpec {
+  std::string path;
+  std::vector<ModelSpec> models;
+  nlohmann::json server = nlohmann::json::object();  // as PipelineSpec::server
+  std::map<std::string, std::string> server_where;
+};
+
+// Reads a deployment file and the pipelines it names; throws Error naming file:line (a pipeline's
+// own errors are prefixed with the deployment line that names it).
+DeploymentSpec load_deployment_spec(const std::string& path);
+// One pipeline as a one-model deployment (`tessera serve -p`): its server section, model `name`.
+DeploymentSpec single_pipeline_deployment(PipelineSpec pipeline, const std::string& name);
+// Whether `name` can name a model or variant: 1..64 of [A-Za-z0-9._:/-] (it travels in headers,
+// metric labels and logs unescaped).
+bool valid_deployment_name(const std::string& name);
+
+}  // namespace tessera
