@@ -1,6 +1,8 @@
 #include "deployment.h"
 
+#include <chrono>
 #include <iostream>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -39,11 +41,17 @@ Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build,
   for (const ModelSpec& m : spec.models) {
     ServedModel served;
     served.name = m.name;
+    served.guard = std::make_unique<ModelGuard>();
+    served.guard->spec = m.rollback;
+    served.guard->windows.resize(m.variants.size());
+    served.guard->rollbacks.resize(m.variants.size());
     for (const VariantSpec& vs : m.variants) {
       auto v = std::make_unique<Variant>();
       v->model = m.name;
       v->name = vs.name;
       v->weight = vs.weight;
+      v->index = served.variants.size();
+      if (m.rollback.enabled && vs.name == m.rollback.stable) served.guard->stable = v->index;
       try {
         v->pipeline = build(vs.pipeline);
         std::string note;
@@ -92,6 +100,41 @@ Variant& Deployment::route(const ServedModel& model, const std::string& user) co
     if ((*it)->weight.load() > 0) return **it;
   }
   return *model.variants.front();
+}
+
+const ServedModel& Deployment::model_of(const Variant& v) const {
+  for (const ServedModel& m : models_) {
+    if (m.name == v.model) return m;
+  }
+  throw Error("deployment: no model '" + v.model + "'");
+}
+
+void Deployment::record(Variant& v, const GenerationResult& r) {
+  if (r.reason == FinishReason::cancelled) return;  // the client went away, or the server is stopping
+  Outcome o;
+  o.time = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  o.error = r.reason == FinishReason::error;
+  if (r.first_token > 0) o.ttft = r.ttft();
+  const std::vector<double> gaps = r.inter_token_times();
+  if (!gaps.empty()) o.tpot = std::accumulate(gaps.begin(), gaps.end(), 0.0) / double(gaps.size());
+  const ServedModel& m = model_of(v);
+  ModelGuard& g = *m.guard;
+  std::lock_guard lock(g.mutex);
+  g.windows[v.index].add(o);
+  if (!g.spec.enabled || v.index == g.stable || v.weight.load() <= 0) return;
+  for (OutcomeWindow& w : g.windows) w.prune(o.time, g.spec.window);
+  const std::optional<Breach> breach = check_canary(g.spec, g.windows[v.index], g.windows[g.stable]);
+  if (!breach) return;
+  const double was = v.weight.exchange(0);
+  ++g.rollbacks[v.index][breach->reason];
+  std::cerr << "rollback: model '" << m.name << "' variant '" << v.name << "' weight " << was << " -> 0: "
+            << breach->detail << "\n";
+}
+
+std::map<std::string, int64_t> Deployment::rollbacks(const Variant& v) const {
+  const ModelGuard& g = *model_of(v).guard;
+  std::lock_guard lock(g.mutex);
+  return g.rollbacks[v.index];
 }
 
 std::string Deployment::names() const {

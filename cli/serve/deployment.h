@@ -6,11 +6,14 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "chat_template.h"
+#include "rollback_guard.h"
 #include "serving_engine.h"
 #include "tessera/deployment_spec.h"
 #include "tessera/pipeline.h"
@@ -24,11 +27,22 @@ struct Variant {
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<ServingEngine> engine;
   ChatTemplate chat{ChatFormat::fallback};  // replaced by the chosen one
+  size_t index = 0;  // in its model's variants
+};
+
+// A model's canary guard: the variants' recent outcomes and the rollbacks so far.
+struct ModelGuard {
+  RollbackSpec spec;
+  size_t stable = 0;  // the variant canaries are compared with
+  mutable std::mutex mutex;
+  std::vector<OutcomeWindow> windows;                     // per variant
+  std::vector<std::map<std::string, int64_t>> rollbacks;       // per variant, by reason
 };
 
 struct ServedModel {
   std::string name;
   std::vector<std::unique_ptr<Variant>> variants;
+  std::unique_ptr<ModelGuard> guard;
 };
 
 class Deployment {
@@ -48,12 +62,19 @@ class Deployment {
   std::string describe() const;
   std::string names() const;  // "'a', 'b'"
 
+  // A request `v` finished: its outcome joins the window, and a canary past its model's rollback
+  // limits loses its traffic at once (weight 0; requests in flight finish), logged with the figures.
+  void record(Variant& v, const GenerationResult& result);
+  // Rollbacks of a variant so far, by reason (error_rate, ttft_p99, tpot_p99).
+  std::map<std::string, int64_t> rollbacks(const Variant& v) const;
+
   // Every variant's engine.
   void cancel_all();
   void stop();
   std::string failure() const;  // the first failed engine's message, "" when none
 
  private:
+  const ServedModel& model_of(const Variant& v) const;
   std::vector<ServedModel> models_;
 };
 

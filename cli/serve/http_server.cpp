@@ -224,7 +224,7 @@ HttpResponse HttpServer::get_route_answer(const HttpRequest& req) {
     for (const ServedModel& m : deployment_.models()) {
       for (const auto& v : m.variants) {
         variants.push_back({m.name, v->name, v->weight.load(), v->engine->snapshot(),
-                            v->pipeline->decoder().speculator() != nullptr});
+                            v->pipeline->decoder().speculator() != nullptr, deployment_.rollbacks(*v)});
       }
     }
     HttpResponse r;
@@ -462,6 +462,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       handle->wait(std::chrono::milliseconds(50), text, result);
     }
     metrics_.observe(user, v.model, v.name, *result);
+    deployment_.record(v, *result);
     if (gone) {
       res.status = 499;  // nginx's "client closed request", for the route's count; nobody reads it
       res.close = true;
@@ -520,6 +521,7 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
       continue;
     }
     metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
+    deployment_.record(*st.variant, *result);
     st.observed = true;
     std::optional<std::vector<ToolCall>> calls;
     const bool answered = result->reason != FinishReason::error && result->reason != FinishReason::cancelled;
@@ -566,7 +568,10 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
   std::string text;
   std::optional<GenerationResult> result;
   for (int i = 0; i < 100 && !st.observed && !result; ++i) st.handle->wait(std::chrono::milliseconds(50), text, result);
-  if (result) metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
+  if (result) {
+    metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
+    deployment_.record(*st.variant, *result);
+  }
   metrics_.count_user(st.request.user, st.finished ? 200 : 499);
 }
 

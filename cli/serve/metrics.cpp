@@ -286,6 +286,13 @@ void ServerMetrics::write_variants(std::string& out, const std::vector<VariantSn
     const auto it = variants_.find({v.model, v.variant});
     return it == variants_.end() ? none : it->second;
   };
+  header(out, "tessera_rollbacks_total", "counter",
+         "Canaries rolled back (weight set to 0) by the model's rollback guard, by reason: error_rate, ttft_p99, tpot_p99.");
+  for (const VariantSnapshot& v : variants) {
+    for (const auto& [reason, n] : v.rollbacks) {
+      sample(out, "tessera_rollbacks_total", variant_labels(v.model, v.variant) + ",reason=\"" + reason + "\"", double(n));
+    }
+  }
   header(out, "tessera_variant_requests_total", "counter",
          "Generation requests a variant finished, by outcome (200 answered, 499 cancelled, 500 failed).");
   for (const VariantSnapshot& v : variants) {

@@ -36,6 +36,7 @@ struct VariantSnapshot {
   double weight = 1;
   EngineSnapshot snapshot;
   bool speculates = false;
+  std::map<std::string, int64_t> rollbacks;  // by reason
 };
 
 class ServerMetrics {

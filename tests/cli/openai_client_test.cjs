@@ -55,7 +55,7 @@ async function main() {
     (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'temperature');
   await assert.rejects(
     client.chat.completions.create({ model: 'no-such-model', messages }),
-    (e) => e instanceof OpenAI.NotFoundError && e.status === 404 && e.param === 'model');
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'model');
   const stranger = new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 });
   await assert.rejects(stranger.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
 

@@ -312,12 +312,15 @@ TEST(StreamingHelpers, MetricsCarryDraftAcceptanceWhereThePipelineSpeculates) {
   snap.engine.speculation.proposed = 20;
   snap.engine.speculation.accepted = 15;
   serve::ServerMetrics m;
-  const std::string page = m.render(snap, 0, true);
+  const auto as_variant = [&](bool speculates) {
+    return std::vector<serve::VariantSnapshot>{{"m", "default", 1, snap, speculates, {}}};
+  };
+  const std::string page = m.render(as_variant(true), 0);
   for (const char* line : {"tessera_draft_tokens_total 20\n", "tessera_draft_accepted_total 15\n",
                            "tessera_draft_verifications_total 5\n", "tessera_draft_acceptance_rate 0.75\n"}) {
     EXPECT_NE(page.find(line), std::string::npos) << line << page;
   }
-  EXPECT_EQ(m.render(snap, 0, false).find("tessera_draft_"), std::string::npos);
+  EXPECT_EQ(m.render(as_variant(false), 0).find("tessera_draft_"), std::string::npos);
 }
 
 }  // namespace

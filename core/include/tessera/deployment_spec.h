@@ -9,6 +9,7 @@
 //       variants:
 //         - { name: stable, pipeline: pipelines/paged.yaml, weight: 95 }
 //         - { name: canary, pipeline: pipelines/serve.yaml, weight: 5 }
+//       rollback: { min_requests: 20, window: 60, max_error_rate: 0.05, max_ttft_p99_ratio: 2 }
 #pragma once
 
 #include <map>
@@ -28,9 +29,24 @@ struct VariantSpec {
   std::string where;  // "file:line"
 };
 
+// The guard of a model's canaries: over the last `window` seconds, once a canary has finished
+// min_requests requests, its error rate, and its P99 TTFT and TPOT against the stable variant's
+// (when that has min_requests too), must stay within these; past one, the canary's weight drops to 0.
+struct RollbackSpec {
+  bool enabled = false;
+  std::string stable;  // the variant the others are compared with: the first listed unless named
+  int64_t min_requests = 20;
+  double window = 60;               // seconds
+  double max_error_rate = 0.05;     // share of requests that failed in the server
+  double max_ttft_p99_ratio = 2.0;  // 0: not checked
+  double max_tpot_p99_ratio = 2.0;  // 0: not checked
+  std::string where;
+};
+
 struct ModelSpec {
   std::string name;
   std::vector<VariantSpec> variants;
+  RollbackSpec rollback;
   std::string where;
 };
 

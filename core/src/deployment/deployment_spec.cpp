@@ -1,5 +1,6 @@
 #include "tessera/deployment_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -74,6 +75,57 @@ VariantSpec load_variant(const std::string& path, const YAML::Node& node, std::s
   return v;
 }
 
+// Keys with the number each must be and its least value (exclusive where `above`).
+struct RollbackKey {
+  const char* name;
+  double least;
+  bool above;
+  bool integer;
+};
+constexpr RollbackKey kRollbackKeys[] = {{"min_requests", 1, false, true},
+                                         {"window", 0, true, false},
+                                         {"max_error_rate", 0, false, false},
+                                         {"max_ttft_p99_ratio", 0, false, false},
+                                         {"max_tpot_p99_ratio", 0, false, false}};
+
+RollbackSpec load_rollback(const std::string& path, const std::string& where, const YAML::Node& node) {
+  RollbackSpec r;
+  r.enabled = true;
+  r.where = where;
+  if (!node.IsMap()) throw Error(where + ": 'rollback' must be a map (min_requests, window, max_error_rate, ...)");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string at = yaml_at_value(path, kv.first, kv.second);
+    if (key == "stable") {
+      r.stable = scalar(at, kv.second, "stable");
+      continue;
+    }
+    const RollbackKey* k = nullptr;
+    for (const RollbackKey& c : kRollbackKeys) {
+      if (key == c.name) k = &c;
+    }
+    if (k == nullptr) {
+      throw Error(yaml_at(path, kv.first) + ": unknown key '" + key +
+                  "' (rollback has stable, min_requests, window, max_error_rate, max_ttft_p99_ratio, "
+                  "max_tpot_p99_ratio)");
+    }
+    const nlohmann::json v = yaml_to_json(kv.second);
+    const bool number = k->integer ? v.is_number_integer() : v.is_number();
+    const double d = number ? v.get<double>() : 0;
+    if (!number || !std::isfinite(d) || (k->above ? d <= k->least : d < k->least)) {
+      throw Error(at + ": rollback: '" + key + "' is " + (kv.second.IsScalar() ? "'" + kv.second.Scalar() + "'" : "not a number") +
+                  "; expected " + (k->integer ? "an integer" : "a number") + (k->above ? " > " : " >= ") +
+                  std::to_string(int64_t(k->least)));
+    }
+    if (key == "min_requests") r.min_requests = v.get<int64_t>();
+    if (key == "window") r.window = d;
+    if (key == "max_error_rate") r.max_error_rate = d;
+    if (key == "max_ttft_p99_ratio") r.max_ttft_p99_ratio = d;
+    if (key == "max_tpot_p99_ratio") r.max_tpot_p99_ratio = d;
+  }
+  return r;
+}
+
 ModelSpec load_model(const std::string& path, const YAML::Node& node) {
   ModelSpec m;
   m.where = yaml_at(path, node);
@@ -94,8 +146,11 @@ ModelSpec load_model(const std::string& path, const YAML::Node& node) {
       }
       std::set<std::string> names;
       for (const auto& item : kv.second) m.variants.push_back(load_variant(path, item, names));
+    } else if (key == "rollback") {
+      m.rollback = load_rollback(path, where, kv.second);
     } else {
-      throw Error(yaml_at(path, kv.first) + ": unknown key '" + key + "' (a model has name, pipeline, variants)");
+      throw Error(yaml_at(path, kv.first) + ": unknown key '" + key +
+                  "' (a model has name, pipeline, variants, rollback)");
     }
   }
   if (m.name.empty()) throw Error(m.where + ": the model needs 'name:'");
@@ -103,9 +158,25 @@ ModelSpec load_model(const std::string& path, const YAML::Node& node) {
     throw Error(pipeline_where + ": model '" + m.name + "' gives both 'pipeline' and 'variants'; give one");
   }
   if (!pipeline_where.empty()) {
-    m.variants.push_back({"default", 1, load_pipeline_of(path, pipeline_where, pipeline), pipeline_where});
+    VariantSpec v;
+    v.name = "default";
+    v.pipeline = load_pipeline_of(path, pipeline_where, pipeline);
+    v.where = pipeline_where;
+    m.variants.push_back(std::move(v));
   } else if (m.variants.empty()) {
     throw Error(m.where + ": model '" + m.name + "' needs 'pipeline:' or 'variants:'");
+  }
+  if (m.rollback.enabled) {
+    if (m.variants.size() < 2) {
+      throw Error(m.rollback.where + ": model '" + m.name + "' has one variant: 'rollback' guards canaries beside a stable one");
+    }
+    if (m.rollback.stable.empty()) m.rollback.stable = m.variants.front().name;
+    const bool found = std::any_of(m.variants.begin(), m.variants.end(),
+                                   [&](const VariantSpec& v) { return v.name == m.rollback.stable; });
+    if (!found) {
+      throw Error(m.rollback.where + ": rollback: stable variant '" + m.rollback.stable + "' is not a variant of model '" +
+                  m.name + "'");
+    }
   }
   double total = 0;
   for (const VariantSpec& v : m.variants) total += v.weight;
@@ -164,7 +235,15 @@ DeploymentSpec single_pipeline_deployment(PipelineSpec pipeline, const std::stri
   spec.server = pipeline.server;
   spec.server_where = pipeline.server_where;
   const std::string where = pipeline.path.empty() ? "(defaults)" : pipeline.path;
-  spec.models.push_back({name, {{"default", 1, std::move(pipeline), where}}, where});
+  VariantSpec v;
+  v.name = "default";
+  v.pipeline = std::move(pipeline);
+  v.where = where;
+  ModelSpec m;
+  m.name = name;
+  m.variants.push_back(std::move(v));
+  m.where = where;
+  spec.models.push_back(std::move(m));
   return spec;
 }
 

@@ -1,0 +1,179 @@
+// `tessera serve -d`: several models in one server, weighted variants sticky per user with the
+// variant in X-Tessera-Variant and the metrics, and the rollback guard taking a failing canary's
+// traffic away after exactly min_requests requests. The guard's arithmetic in-process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "serve/rollback_guard.h"
+#include "serve_test_util.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+using test::ServerProcess;
+
+std::string variant_of(const httplib::Result& res) { return res ? res->get_header_value("X-Tessera-Variant") : "(none)"; }
+
+httplib::Result complete(httplib::Client& c, const std::string& model, const std::string& user) {
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}};
+  if (!model.empty()) body["model"] = model;
+  if (!user.empty()) body["user"] = user;
+  return c.Post("/v1/completions", body.dump(), "application/json");
+}
+
+TEST(ServeDeploy, ModelsAnswerByNameAndVariantsSplitByWeightStickyPerUser) {
+  test::TempDir dir;
+  const std::string a = test::serve_pipeline(dir, "", "a.yaml");
+  dir.write("b.yaml", "extends: a.yaml\ncomponents:\n  cache: { plugin: contiguous }\n");
+  const std::string deploy = dir.write("deploy.yaml",
+                                       "models:\n"
+                                       "  - name: stories\n"
+                                       "    pipeline: a.yaml\n"
+                                       "  - name: split\n"
+                                       "    variants:\n"
+                                       "      - { name: stable, pipeline: a.yaml, weight: 3 }\n"
+                                       "      - { name: canary, pipeline: b.yaml, weight: 1 }\n"
+                                       "      - { name: off, pipeline: b.yaml, weight: 0 }\n");
+  ServerProcess server({"-d", deploy});
+  httplib::Client c = server.client();
+
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json list = json::parse(models->body)["data"];
+  ASSERT_EQ(list.size(), 2u) << models->body;
+  EXPECT_EQ(list[0]["id"], "stories");
+  EXPECT_EQ(list[1]["id"], "split");
+  EXPECT_EQ(list[1]["variants"].size(), 3u);
+
+  // A model by name; the first without one; an unknown one is a 400 naming the field.
+  auto one = complete(c, "stories", "");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200) << one->body;
+  EXPECT_EQ(variant_of(one), "default");
+  EXPECT_EQ(json::parse(one->body)["model"], "stories");
+  const std::string text = json::parse(one->body)["choices"][0]["text"];
+  EXPECT_EQ(variant_of(complete(c, "", "")), "default");
+  auto unknown = complete(c, "gpt-5", "");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 400);
+  EXPECT_EQ(json::parse(unknown->body)["error"]["param"], "model") << unknown->body;
+
+  // 3:1 by user; the weight-0 variant never; a user stays where it landed; both variants run the same
+  // greedy model, so the text is the same whichever answers.
+  std::map<std::string, std::string> landed;
+  std::map<std::string, int> count;
+  for (int u = 0; u < 160; ++u) {
+    auto res = complete(c, "split", "user" + std::to_string(u));
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["choices"][0]["text"], text);
+    landed["user" + std::to_string(u)] = variant_of(res);
+    ++count[variant_of(res)];
+  }
+  EXPECT_EQ(count.count("off"), 0u);
+  EXPECT_GT(count["canary"], 160 * 0.12) << count["canary"];
+  EXPECT_LT(count["canary"], 160 * 0.40) << count["canary"];
+  for (int u = 0; u < 40; ++u) {
+    const std::string user = "user" + std::to_string(u);
+    EXPECT_EQ(variant_of(complete(c, "split", user)), landed[user]) << user;
+    ++count[landed[user]];
+  }
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(test::metric(page->body, R"(tessera_variant_requests_total{model="split",variant="canary",status="200"})"),
+            count["canary"]);
+  EXPECT_EQ(test::metric(page->body, R"(tessera_variant_requests_total{model="split",variant="stable",status="200"})"),
+            count["stable"]);
+  EXPECT_EQ(test::metric(page->body, R"(tessera_variant_weight{model="split",variant="off"})"), 0);
+
+  // A stream names its variant in the head too.
+  auto stream = c.Post("/v1/completions",
+                       json{{"model", "split"}, {"prompt", "Once"}, {"max_tokens", 2}, {"stream", true}, {"user", "user1"}}.dump(),
+                       "application/json");
+  ASSERT_TRUE(stream);
+  EXPECT_EQ(variant_of(stream), landed["user1"]);
+}
+
+TEST(ServeDeploy, AFailingCanaryLosesItsTrafficAfterMinRequests) {
+  test::TempDir dir;
+  // The canary's decoder returns a token past the vocabulary: every request it serves fails (500).
+  test::TempDir plugins;
+  std::filesystem::copy_file(std::string(TESSERA_TEST_LIB_DIR) + "/libtestlib_broken_components.so",
+                             plugins.path() + "/libtessera_testlib_broken.so");
+  test::serve_pipeline(dir, "", "stable.yaml");
+  dir.write("canary.yaml", "extends: stable.yaml\ncomponents:\n  decoder: { plugin: outside_vocabulary }\n");
+  const std::string deploy = dir.write("deploy.yaml",
+                                       "models:\n"
+                                       "  - name: m\n"
+                                       "    variants:\n"
+                                       "      - { name: stable, pipeline: stable.yaml }\n"
+                                       "      - { name: canary, pipeline: canary.yaml }\n"
+                                       "    rollback: { min_requests: 5, window: 60, max_error_rate: 0.2 }\n");
+  ::setenv("TESSERA_PLUGIN_PATH", plugins.path().c_str(), 1);
+  ServerProcess server({"-d", deploy});
+  ::unsetenv("TESSERA_PLUGIN_PATH");
+  httplib::Client c = server.client();
+  int canary = 0, failed = 0;
+  for (int u = 0; u < 60; ++u) {
+    auto res = complete(c, "m", "user" + std::to_string(u));
+    ASSERT_TRUE(res);
+    if (variant_of(res) == "canary") {
+      ++canary;
+      EXPECT_EQ(res->status, 500) << res->body;
+    } else {
+      EXPECT_EQ(res->status, 200) << res->body;
+    }
+    failed += res->status != 200;
+  }
+  EXPECT_EQ(canary, 5) << "requests are serial: the fifth failure trips the guard";
+  EXPECT_EQ(failed, 5);
+  EXPECT_NE(server.log().find("rollback: model 'm' variant 'canary' weight 1 -> 0: error rate 1.000 > 0.200 over 5 requests"),
+            std::string::npos)
+      << server.log();
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(test::metric(page->body, R"(tessera_rollbacks_total{model="m",variant="canary",reason="error_rate"})"), 1);
+  EXPECT_EQ(test::metric(page->body, R"(tessera_variant_weight{model="m",variant="canary"})"), 0);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << "a canary's failed requests do not fail the server";
+}
+
+serve::Outcome at(double time, bool error, double ttft, double tpot = 0.01) { return {time, error, ttft, tpot}; }
+
+TEST(RollbackGuard, ComparesP99LatencyWithTheStableVariantOnceBothHaveEnough) {
+  RollbackSpec spec;
+  spec.enabled = true;
+  spec.min_requests = 10;
+  spec.max_error_rate = 0.1;
+  spec.max_ttft_p99_ratio = 2;
+  spec.max_tpot_p99_ratio = 3;
+  serve::OutcomeWindow stable, canary;
+  for (int i = 0; i < 9; ++i) canary.add(at(i, false, 0.5));
+  EXPECT_FALSE(serve::check_canary(spec, canary, stable)) << "nine canary requests: too few to judge";
+  canary.add(at(9, false, 0.5));
+  EXPECT_FALSE(serve::check_canary(spec, canary, stable)) << "no stable requests to compare latency with";
+  for (int i = 0; i < 100; ++i) stable.add(at(i, false, i == 99 ? 0.3 : 0.1));
+  // Nearest-rank P99 of 100 values is the 99th smallest: 0.1, so the canary's 0.5 is 5x.
+  auto b = serve::check_canary(spec, canary, stable);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->reason, "ttft_p99");
+  EXPECT_NE(b->detail.find("5.00x"), std::string::npos) << b->detail;
+  spec.max_ttft_p99_ratio = 0;  // not checked
+  EXPECT_FALSE(serve::check_canary(spec, canary, stable));
+  canary.add(at(10, true, -1, -1));
+  canary.add(at(11, true, -1, -1));  // 2 of 12 failed: 0.167 > 0.1
+  b = serve::check_canary(spec, canary, stable);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->reason, "error_rate");
+  canary.prune(11, 1.5);  // only t >= 9.5 stays: two requests, too few
+  EXPECT_EQ(canary.size(), 2);
+  EXPECT_FALSE(serve::check_canary(spec, canary, stable));
+}
+
+}  // namespace
+}  // namespace tessera
