@@ -1,6 +1,6 @@
-// tessera serve: the OpenAI-compatible HTTP server. Settings come from the pipeline's `server:`
-// section; command-line flags override them. SIGTERM or SIGINT stop it gracefully (exit 0); a second
-// signal cancels what is still running at once.
+// tessera serve: the OpenAI-compatible HTTP server for a pipeline (-p) or a deployment (-d). Settings
+// come from the `server:` section; command-line flags override them. SIGTERM or SIGINT stop it
+// gracefully (exit 0); a second signal cancels what is still running at once; SIGHUP reloads.
 #include <pthread.h>
 #include <signal.h>
 
@@ -76,6 +76,7 @@ serve::ServerConfig server_config(const DeploymentSpec& spec, const ServeArgs& a
   }
   c.default_max_tokens = p.get_int("default_max_tokens");
   c.chat_template = p.get_string("chat_template");
+  c.admin_key = p.get_string("admin_key");
   std::string key = p.get_string("api_key");
   std::string key_file = p.get_string("api_key_file");
   if (args.host) {
@@ -111,23 +112,26 @@ void serve_command(const ServeArgs& args) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a dead server
 
   Registry registry;
   load_plugins(registry);
-  DeploymentSpec spec;
-  if (!args.deployment.empty()) {
-    spec = load_deployment_spec(args.deployment);
-    for (const ModelSpec& m : spec.models) {
-      for (const VariantSpec& v : m.variants) {
-        if (!v.pipeline.server.empty()) {
-          std::cerr << "tessera serve: " << v.where << ": the server section of " << v.pipeline.path
-                    << " does not apply; the deployment's does\n";
+  // The deployment file (-d), or the pipeline (-p) as a one-model deployment; read again on a reload.
+  auto load_spec = [&args]() {
+    if (!args.deployment.empty()) {
+      DeploymentSpec spec = load_deployment_spec(args.deployment);
+      for (const ModelSpec& m : spec.models) {
+        for (const VariantSpec& v : m.variants) {
+          if (!v.pipeline.server.empty()) {
+            std::cerr << "tessera serve: " << v.where << ": the server section of " << v.pipeline.path
+                      << " does not apply; the deployment's does\n";
+          }
         }
       }
+      return spec;
     }
-  } else {
     PipelineSpec pipeline = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
     // The model's name: server.model_name, else the model file's stem (-m replaces the file).
     const Params p = validate_params(server_params(), pipeline.server, pipeline.path + ": server");
@@ -140,31 +144,45 @@ void serve_command(const ServeArgs& args) {
       throw Error(pipeline.path + ": server: model_name '" + name +
                   "' must be 1 to 64 of the characters A-Z a-z 0-9 . _ : / - (set server.model_name)");
     }
-    spec = single_pipeline_deployment(std::move(pipeline), name);
-  }
-  serve::ServerConfig config = server_config(spec, args);
-  serve::Deployment deployment(
-      spec, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline); }, config.chat_template);
-
-  serve::HttpServer server(deployment, config);
+    return single_pipeline_deployment(std::move(pipeline), name);
+  };
+  const DeploymentSpec spec = load_spec();
+  const serve::ServerConfig config = server_config(spec, args);
+  auto make = [&](const DeploymentSpec& s) {
+    return std::make_shared<serve::Deployment>(
+        s, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline); }, config.chat_template);
+  };
+  std::shared_ptr<serve::Deployment> first = make(spec);
+  const std::string description = first->describe();
+  // A reload reads the models again; the server section (port, keys) stays as it started.
+  serve::HttpServer server(std::move(first), config, [&] { return make(load_spec()); });
   const int port = server.bind();
-  std::cerr << "tessera serve: " << deployment.describe() << (config.api_keys.empty() ? "" : ", API key required")
-            << "\n";
+  std::cerr << "tessera serve: " << description << (config.api_keys.empty() ? "" : ", API key required")
+            << (config.admin_key.empty() ? "" : ", admin API on") << "\n";
   std::cout << "listening on http://" << config.host << ":" << port << std::endl;
 
   std::atomic<bool> exiting{false};
   std::thread shutdown_thread;
   std::thread signal_thread([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    // SIGHUP: read the deployment again (a bad file is refused, and the running one keeps serving).
+    for (sigwait(&signals, &sig); sig == SIGHUP && !exiting; sigwait(&signals, &sig)) {
+      try {
+        server.reload();
+      } catch (const Error& e) {
+        std::cerr << "reload refused, the running deployment keeps serving: " << e.what() << "\n";
+      }
+    }
     if (exiting) return;
     std::cerr << "tessera serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", finishing in-flight requests (up to "
               << config.shutdown_deadline << " s)\n";
     shutdown_thread = std::thread([&] { server.shutdown(); });
-    sigwait(&signals, &sig);
+    do {
+      sigwait(&signals, &sig);
+    } while (sig == SIGHUP && !exiting);
     if (exiting) return;
     std::cerr << "tessera serve: second signal, cancelling in-flight requests\n";
-    deployment.cancel_all();
+    server.cancel_all();
   });
 
   server.run();
@@ -172,7 +190,6 @@ void serve_command(const ServeArgs& args) {
   pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes its sigwait, whichever it is in
   signal_thread.join();
   if (shutdown_thread.joinable()) shutdown_thread.join();
-  deployment.stop();
   std::cerr << "tessera serve: stopped\n";
 }
 

@@ -37,7 +37,8 @@ uint64_t stable_hash(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build, const std::string& chat_setting) {
+Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build, const std::string& chat_setting)
+    : path_(spec.path) {
   for (const ModelSpec& m : spec.models) {
     ServedModel served;
     served.name = m.name;
@@ -50,6 +51,7 @@ Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build,
       v->model = m.name;
       v->name = vs.name;
       v->weight = vs.weight;
+      v->pipeline_path = vs.pipeline.path;
       v->index = served.variants.size();
       if (m.rollback.enabled && vs.name == m.rollback.stable) served.guard->stable = v->index;
       try {

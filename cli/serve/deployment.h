@@ -24,6 +24,7 @@ struct Variant {
   std::string model;  // the model's name
   std::string name;
   std::atomic<double> weight{1};
+  std::string pipeline_path;  // the file it was built from
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<ServingEngine> engine;
   ChatTemplate chat{ChatFormat::fallback};  // replaced by the chosen one
@@ -54,6 +55,7 @@ class Deployment {
   ~Deployment();
 
   const std::vector<ServedModel>& models() const { return models_; }
+  const std::string& path() const { return path_; }  // the deployment (or pipeline) file
   // The model named `name` ("" = the first one), or nullptr.
   const ServedModel* find(const std::string& name) const;
   // The variant that serves `user` (empty: anonymous, a random draw).
@@ -75,6 +77,7 @@ class Deployment {
 
  private:
   const ServedModel& model_of(const Variant& v) const;
+  std::string path_;
   std::vector<ServedModel> models_;
 };
 

@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <ctime>
 #include <iostream>
@@ -69,6 +70,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 std::string route_label(const std::string& path) {
   if (one_of(path, kPostRoutes) || one_of(path, kGetRoutes)) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path == "/admin/deployment" || path == "/admin/reload") return path;
   return "unmatched";  // unknown paths share one label: clients cannot grow the metrics page
 }
 
@@ -88,6 +90,7 @@ std::string refusal_code(int status) {
 
 // One streaming response's state.
 struct HttpServer::Stream {
+  std::shared_ptr<Deployment> deployment;  // kept while the stream lasts, across a reload
   Variant* variant = nullptr;
   std::shared_ptr<RequestHandle> handle;
   OpenAiRequest request;
@@ -99,8 +102,8 @@ struct HttpServer::Stream {
   bool observed = false;  // its result is in the metrics
 };
 
-HttpServer::HttpServer(Deployment& deployment, ServerConfig config)
-    : deployment_(deployment), config_(std::move(config)),
+HttpServer::HttpServer(std::shared_ptr<Deployment> deployment, ServerConfig config, Reloader reloader)
+    : deployment_(std::move(deployment)), reloader_(std::move(reloader)), config_(std::move(config)),
       started_(int64_t(std::time(nullptr))) {
   TransportConfig t;
   t.host = config_.host;
@@ -137,7 +140,7 @@ void HttpServer::shutdown() {
   std::unique_lock lock(drain_mutex_);
   if (!drain_cv_.wait_until(lock, deadline, [&] { return in_flight_ == 0; })) {
     std::cerr << "shutdown: deadline passed with " << in_flight_ << " request(s) in flight; cancelling them\n";
-    deployment_.cancel_all();
+    cancel_all();
     // Cancelled requests answer at once (503, or an error event on a stream); a client that does
     // not read its answer is cut off when the connections close.
     drain_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return in_flight_ == 0; });
@@ -146,6 +149,39 @@ void HttpServer::shutdown() {
   // Every connection closes now, whatever its client is doing (one trickling its headers included).
   transport_->stop();
   while (!run_returned_) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+void HttpServer::cancel_all() {
+  std::lock_guard lock(deployment_mutex_);
+  deployment_->cancel_all();
+  for (const auto& w : retired_) {
+    if (auto old = w.lock()) old->cancel_all();
+  }
+}
+
+std::shared_ptr<Deployment> HttpServer::current() const {
+  std::lock_guard lock(deployment_mutex_);
+  return deployment_;
+}
+
+std::string HttpServer::reload() {
+  if (!reloader_) throw Error("this server has no file to reload");
+  std::lock_guard one(reload_mutex_);
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<Deployment> fresh = reloader_();  // throws: the old deployment keeps serving
+  std::shared_ptr<Deployment> old;
+  {
+    std::lock_guard lock(deployment_mutex_);
+    old = std::exchange(deployment_, fresh);
+    std::erase_if(retired_, [](const std::weak_ptr<Deployment>& w) { return w.expired(); });
+    retired_.push_back(old);
+  }
+  // The old engines stop when their last request lets go of them (old's last owner may be us).
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cerr << "reload: " << fresh->describe() << " (loaded in " << seconds << " s; the previous deployment "
+            << (old.use_count() > 1 ? "drains its requests" : "unloads") << ")\n";
+  metrics_.count_reload();
+  return fresh->describe();
 }
 
 bool HttpServer::try_admit() {
@@ -186,6 +222,7 @@ std::optional<HttpResponse> HttpServer::on_head(const HttpRequest& req) {
     metrics_.count_http(route_label(req.path), r.status);
     return std::optional<HttpResponse>(std::move(r));
   };
+  if (req.path.rfind("/admin/", 0) == 0) return admin_on_head(req);
   if (!config_.api_keys.empty() && req.path != "/health") {
     if (authenticated_key(req) == nullptr) {
       return counted(error_response(ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
@@ -210,21 +247,119 @@ std::optional<HttpResponse> HttpServer::on_head(const HttpRequest& req) {
   return std::nullopt;  // read the body; `handle` answers
 }
 
+// The admin API: its own key (never the clients' keys), checked before anything else.
+std::optional<HttpResponse> HttpServer::admin_on_head(const HttpRequest& req) {
+  auto counted = [&](HttpResponse r) {
+    metrics_.count_http(route_label(req.path), r.status);
+    return std::optional<HttpResponse>(std::move(r));
+  };
+  if (config_.admin_key.empty()) {
+    return counted(error_response(ApiError(403, "the admin API is off: set server.admin_key to use it",
+                                           "", "admin_disabled")));
+  }
+  const std::string auth = req.header("Authorization");
+  if (auth.rfind("Bearer ", 0) != 0 || !same_secret(auth.substr(7), config_.admin_key)) {
+    return counted(error_response(ApiError(401, "the admin API needs 'Authorization: Bearer ADMIN_KEY' (server.admin_key)",
+                                           "", "invalid_api_key")));
+  }
+  if (req.path != "/admin/deployment" && req.path != "/admin/reload") {
+    return counted(error_response(ApiError(404, "no route for " + req.method + " " + req.path +
+                                                    " (the admin API has /admin/deployment and /admin/reload)",
+                                           "", "not_found")));
+  }
+  if (req.path == "/admin/deployment" && req.method == "GET") return counted(admin(req));
+  if (req.method != "POST") return counted(not_allowed(req, req.path == "/admin/reload" ? "POST" : "GET, POST"));
+  return std::nullopt;  // read the body (if any); `handle` answers
+}
+
+HttpResponse HttpServer::admin(const HttpRequest& req) {
+  if (req.path == "/admin/reload") {
+    try {
+      return json_response(200, {{"status", "reloaded"}, {"deployment", reload()}});
+    } catch (const Error& e) {
+      return error_response(ApiError(400, std::string("reload refused, the running deployment keeps serving: ") + e.what(),
+                                     "", "invalid_deployment"));
+    }
+  }
+  const std::shared_ptr<Deployment> dep = current();
+  if (req.method == "POST") {
+    // {"model": NAME, "weights": {VARIANT: WEIGHT, ...}}: manual weights; promotion is {canary: 1, stable: 0}.
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::exception&) {
+      return error_response(ApiError(400, "the body is not JSON: send {\"model\": NAME, \"weights\": {VARIANT: WEIGHT}}",
+                                     "", "invalid_json"));
+    }
+    try {
+      if (!body.is_object() || !body.contains("model") || !body["model"].is_string()) {
+        throw ApiError(400, "'model' must name a model of the deployment", "model", "invalid_value");
+      }
+      const ServedModel* m = dep->find(body["model"].get<std::string>());
+      if (m == nullptr || body["model"].get<std::string>().empty()) {
+        throw ApiError(400, "'model' is not served; the deployment serves " + dep->names(), "model", "model_not_found");
+      }
+      if (!body.contains("weights") || !body["weights"].is_object() || body["weights"].empty()) {
+        throw ApiError(400, "'weights' must be an object {VARIANT: WEIGHT, ...}", "weights", "invalid_value");
+      }
+      if (body.size() != 2) throw ApiError(400, "the body has model and weights, nothing else", "", "unknown_parameter");
+      std::vector<std::pair<Variant*, double>> changes;
+      double total = 0;
+      for (const auto& v : m->variants) {
+        double w = v->weight.load();
+        if (body["weights"].contains(v->name)) {
+          const json& given = body["weights"][v->name];
+          if (!given.is_number() || !std::isfinite(given.get<double>()) || given.get<double>() < 0) {
+            throw ApiError(400, "weights." + v->name + " must be a number >= 0", "weights." + v->name, "invalid_value");
+          }
+          w = given.get<double>();
+          changes.emplace_back(v.get(), w);
+        }
+        total += w;
+      }
+      for (const auto& [name, w] : body["weights"].items()) {
+        const bool known = std::any_of(m->variants.begin(), m->variants.end(), [&](const auto& v) { return v->name == name; });
+        if (!known) throw ApiError(400, "model '" + m->name + "' has no variant '" + name + "'", "weights." + name, "invalid_value");
+      }
+      if (!(total > 0)) throw ApiError(400, "the weights would add up to 0: no variant would get traffic", "weights", "invalid_value");
+      for (const auto& [v, w] : changes) {
+        std::cerr << "admin: model '" << m->name << "' variant '" << v->name << "' weight " << v->weight.load() << " -> " << w
+                  << "\n";
+        v->weight = w;
+      }
+    } catch (const ApiError& e) {
+      return error_response(e);
+    }
+  }
+  json models = json::array();
+  for (const ServedModel& m : dep->models()) {
+    json variants = json::array();
+    for (const auto& v : m.variants) {
+      variants.push_back({{"name", v->name}, {"weight", v->weight.load()}, {"pipeline", v->pipeline_path},
+                          {"rollbacks", dep->rollbacks(*v)}});
+    }
+    models.push_back({{"name", m.name}, {"variants", variants}});
+  }
+  return json_response(200, {{"path", dep->path()}, {"models", models}});
+}
+
 HttpResponse HttpServer::get_route_answer(const HttpRequest& req) {
+  const std::shared_ptr<Deployment> dep = current();
+  Deployment& deployment = *dep;
   if (req.path == "/health") {
-    const std::string failure = deployment_.failure();
+    const std::string failure = deployment.failure();
     if (!failure.empty()) return json_response(503, {{"status", "failed"}, {"error", failure}});
     if (draining_) return json_response(503, {{"status", "shutting_down"}});
     json names = json::array();
-    for (const ServedModel& m : deployment_.models()) names.push_back(m.name);
-    return json_response(200, {{"status", "ok"}, {"model", deployment_.models().front().name}, {"models", names}});
+    for (const ServedModel& m : deployment.models()) names.push_back(m.name);
+    return json_response(200, {{"status", "ok"}, {"model", deployment.models().front().name}, {"models", names}});
   }
   if (req.path == "/metrics") {
     std::vector<VariantSnapshot> variants;
-    for (const ServedModel& m : deployment_.models()) {
+    for (const ServedModel& m : deployment.models()) {
       for (const auto& v : m.variants) {
         variants.push_back({m.name, v->name, v->weight.load(), v->engine->snapshot(),
-                            v->pipeline->decoder().speculator() != nullptr, deployment_.rollbacks(*v)});
+                            v->pipeline->decoder().speculator() != nullptr, deployment.rollbacks(*v)});
       }
     }
     HttpResponse r;
@@ -234,13 +369,13 @@ HttpResponse HttpServer::get_route_answer(const HttpRequest& req) {
   }
   if (req.path == "/v1/models") {
     json data = json::array();
-    for (const ServedModel& m : deployment_.models()) data.push_back(model_json(m));
+    for (const ServedModel& m : deployment.models()) data.push_back(model_json(m));
     return json_response(200, {{"object", "list"}, {"data", data}});
   }
   const std::string id = req.path.substr(std::string("/v1/models/").size());
-  const ServedModel* m = id.empty() ? nullptr : deployment_.find(id);
+  const ServedModel* m = id.empty() ? nullptr : deployment.find(id);
   if (m == nullptr) {
-    return error_response(ApiError(404, "model '" + id + "' does not exist; this server serves " + deployment_.names(),
+    return error_response(ApiError(404, "model '" + id + "' does not exist; this server serves " + deployment.names(),
                                    "model", "model_not_found"));
   }
   return json_response(200, model_json(*m));
@@ -257,6 +392,11 @@ json HttpServer::model_json(const ServedModel& m) const {
 
 // On a worker thread, with the body.
 std::optional<HttpResponse> HttpServer::handle(const HttpRequest& req, HttpConnection& conn) {
+  if (req.path.rfind("/admin/", 0) == 0) {
+    HttpResponse r = admin(req);
+    metrics_.count_http(route_label(req.path), r.status);
+    return r;
+  }
   if (req.path == "/v1/completions") return generate(Endpoint::completions, req, conn);
   if (req.path == "/v1/chat/completions") return generate(Endpoint::chat, req, conn);
   HttpResponse r;
@@ -270,17 +410,18 @@ std::optional<HttpResponse> HttpServer::handle(const HttpRequest& req, HttpConne
   return r;
 }
 
-Variant& HttpServer::variant_for(const std::string& model, const std::string& user) const {
-  const ServedModel* m = deployment_.find(model);
+Variant& HttpServer::variant_for(const Deployment& d, const std::string& model, const std::string& user) {
+  const ServedModel* m = d.find(model);
   if (m == nullptr) {
-    throw ApiError(400, "'model' is '" + model + "', which this server does not serve; it serves " + deployment_.names(),
+    throw ApiError(400, "'model' is '" + model + "', which this server does not serve; it serves " + d.names(),
                    "model", "model_not_found");
   }
-  return deployment_.route(*m, user);
+  return d.route(*m, user);
 }
 
 json HttpServer::tokenize(const TokenizeRequest& r) const {
-  const Variant& v = variant_for(r.model, "");
+  const std::shared_ptr<Deployment> dep = current();
+  const Variant& v = variant_for(*dep, r.model, "");
   const Tokenizer& tok = v.pipeline->tokenizer();
   const std::string field = r.chat ? "messages" : "prompt";
   std::vector<int32_t> ids;
@@ -293,7 +434,8 @@ json HttpServer::tokenize(const TokenizeRequest& r) const {
 }
 
 json HttpServer::detokenize(const DetokenizeRequest& r) const {
-  const Variant& v = variant_for(r.model, "");
+  const std::shared_ptr<Deployment> dep = current();
+  const Variant& v = variant_for(*dep, r.model, "");
   const int64_t vocab = v.pipeline->model().config().vocab;
   for (const int32_t t : r.tokens) {
     if (t >= vocab) {
@@ -404,6 +546,9 @@ class HttpServer::Admission {
 
 std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRequest& req, HttpConnection& conn) {
   const std::string route = route_label(req.path);
+  // This request's deployment: a reload meanwhile lets it finish where it started.
+  const std::shared_ptr<Deployment> dep = current();
+  Deployment& deployment = *dep;
   std::string user;
   const Variant* variant = nullptr;  // once chosen: named in the response's X-Tessera-Variant header
   Admission admission(*this);
@@ -415,7 +560,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       if (const ApiKey* key = authenticated_key(req)) r.user = r.user.empty() ? key->name : key->name + "/" + r.user;
     }
     user = r.user;
-    Variant& v = variant_for(r.model, r.user);
+    Variant& v = variant_for(deployment, r.model, r.user);
     variant = &v;
     GenerationRequest g = build_request(r, v);
     std::string constraint_kind;
@@ -439,6 +584,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
                       int64_t(std::time(nullptr)), v.model};
     if (r.stream) {
       Stream st;
+      st.deployment = dep;
       st.variant = &v;
       st.handle = std::move(handle);
       st.request = std::move(r);
@@ -462,7 +608,7 @@ std::optional<HttpResponse> HttpServer::generate(Endpoint endpoint, const HttpRe
       handle->wait(std::chrono::milliseconds(50), text, result);
     }
     metrics_.observe(user, v.model, v.name, *result);
-    deployment_.record(v, *result);
+    deployment.record(v, *result);
     if (gone) {
       res.status = 499;  // nginx's "client closed request", for the route's count; nobody reads it
       res.close = true;
@@ -521,7 +667,7 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
       continue;
     }
     metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
-    deployment_.record(*st.variant, *result);
+    st.deployment->record(*st.variant, *result);
     st.observed = true;
     std::optional<std::vector<ToolCall>> calls;
     const bool answered = result->reason != FinishReason::error && result->reason != FinishReason::cancelled;
@@ -570,7 +716,7 @@ void HttpServer::stream(Stream& st, HttpConnection& conn) {
   for (int i = 0; i < 100 && !st.observed && !result; ++i) st.handle->wait(std::chrono::milliseconds(50), text, result);
   if (result) {
     metrics_.observe(st.request.user, st.variant->model, st.variant->name, *result);
-    deployment_.record(*st.variant, *result);
+    st.deployment->record(*st.variant, *result);
   }
   metrics_.count_user(st.request.user, st.finished ? 200 : 499);
 }

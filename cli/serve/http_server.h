@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -59,12 +60,16 @@ struct ServerConfig {
   double request_deadline = 30;  // seconds for one request's headers and body
   int64_t max_connections_per_client = 512;
   int64_t default_max_tokens = 256;
+  // The admin API's key (`Authorization: Bearer KEY` on /admin/*); empty: the admin API is off (403).
+  std::string admin_key;
   std::string chat_template = "auto";  // see ChatTemplate::choose
 };
 
 class HttpServer {
  public:
-  HttpServer(Deployment& deployment, ServerConfig config);
+  // Builds the deployment again from its file, for a reload; throws Error (file:line) when it cannot.
+  using Reloader = std::function<std::shared_ptr<Deployment>()>;
+  HttpServer(std::shared_ptr<Deployment> deployment, ServerConfig config, Reloader reloader = {});
   ~HttpServer();
 
   // Binds host:port (port 0 picks a free one) and returns the port; throws Error when it cannot.
@@ -74,6 +79,12 @@ class HttpServer {
   // Graceful stop, from any thread: new requests get 503, in-flight ones may finish until the deadline,
   // then the rest are cancelled; then the listener stops, and shutdown() returns once run() has.
   void shutdown();
+  // Reads the deployment file again (SIGHUP, POST /admin/reload): the new pipelines load beside the
+  // old ones, new requests go to them, and the old ones finish their requests and unload. Returns the
+  // new deployment's description; throws Error (and keeps the old one serving) on a bad file.
+  std::string reload();
+  // Cancels every request in flight, in every deployment still serving (a second signal).
+  void cancel_all();
 
  private:
   struct Stream;
@@ -83,9 +94,12 @@ class HttpServer {
   std::optional<HttpResponse> handle(const HttpRequest& req, HttpConnection& conn);
   HttpResponse get_route_answer(const HttpRequest& req);
   std::optional<HttpResponse> generate(Endpoint endpoint, const HttpRequest& req, HttpConnection& conn);
+  std::shared_ptr<Deployment> current() const;
+  std::optional<HttpResponse> admin_on_head(const HttpRequest& req);
+  HttpResponse admin(const HttpRequest& req);
   GenerationRequest build_request(const OpenAiRequest& r, const Variant& v) const;
   // The variant serving a request that names `model` for `user`; ApiError 400 for an unknown model.
-  Variant& variant_for(const std::string& model, const std::string& user) const;
+  static Variant& variant_for(const Deployment& d, const std::string& model, const std::string& user);
   nlohmann::json model_json(const ServedModel& m) const;
   nlohmann::json tokenize(const TokenizeRequest& r) const;
   nlohmann::json detokenize(const DetokenizeRequest& r) const;
@@ -93,7 +107,11 @@ class HttpServer {
   bool try_admit();
   void leave();
 
-  Deployment& deployment_;
+  mutable std::mutex deployment_mutex_;
+  std::shared_ptr<Deployment> deployment_;             // guarded by deployment_mutex_
+  std::vector<std::weak_ptr<Deployment>> retired_;     // replaced by reloads, maybe still draining
+  Reloader reloader_;
+  std::mutex reload_mutex_;                            // one reload at a time
   ServerConfig config_;
   ServerMetrics metrics_;
   std::unique_ptr<HttpTransport> transport_;

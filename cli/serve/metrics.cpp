@@ -140,6 +140,11 @@ void ServerMetrics::count_user(const std::string& user, int status) {
   ++user_series(user).requests[status];
 }
 
+void ServerMetrics::count_reload() {
+  std::lock_guard lock(mutex_);
+  ++reloads_;
+}
+
 void ServerMetrics::count_constrained(const std::string& kind) {
   std::lock_guard lock(mutex_);
   ++constrained_[kind];
@@ -286,6 +291,8 @@ void ServerMetrics::write_variants(std::string& out, const std::vector<VariantSn
     const auto it = variants_.find({v.model, v.variant});
     return it == variants_.end() ? none : it->second;
   };
+  header(out, "tessera_reloads_total", "counter", "Reloads of the deployment file that took effect (SIGHUP, POST /admin/reload).");
+  sample(out, "tessera_reloads_total", "", double(reloads_));
   header(out, "tessera_rollbacks_total", "counter",
          "Canaries rolled back (weight set to 0) by the model's rollback guard, by reason: error_rate, ttft_p99, tpot_p99.");
   for (const VariantSnapshot& v : variants) {

@@ -52,6 +52,8 @@ class ServerMetrics {
   // A generation request with a constraint (structured output), by its kind: json_object,
   // json_schema, grammar, regex, choice or tools (tool_choice required or named).
   void count_constrained(const std::string& kind);
+  // A reload of the deployment that took effect.
+  void count_reload();
   // A finished generation by a model's variant: tokens in/out and its latencies (seconds on the
   // engine clock).
   void observe(const std::string& user, const std::string& model, const std::string& variant,
@@ -72,6 +74,7 @@ class ServerMetrics {
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status)
   std::map<std::string, int64_t> constrained_;  // by kind
+  int64_t reloads_ = 0;
   Series global_;
   std::map<std::string, Series> users_;
   std::map<std::pair<std::string, std::string>, Series> variants_;  // by (model, variant): a deployment's few

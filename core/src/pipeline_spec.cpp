@@ -193,6 +193,8 @@ const std::vector<ParamSpec>& server_params() {
       {"host", ParamType::string, "127.0.0.1", "address to bind (0.0.0.0 exposes the server to the network)", {}},
       {"port", ParamType::integer, 8080, "TCP port (0 = any free port; the bound port is printed)", {}},
       {"api_key", ParamType::string, "", "clients must send 'Authorization: Bearer KEY' (empty = no key)", {}},
+      {"admin_key", ParamType::string, "",
+       "the admin API's key (/admin/deployment, /admin/reload); empty = the admin API is off", {}},
       {"api_key_file", ParamType::string, "",
        "file of API keys, one per line: KEY or NAME KEY (# comments); any of them is accepted", {}},
       {"user_from_key", ParamType::boolean, false,
@@ -243,7 +245,8 @@ void check_server_value(const std::string& key, const nlohmann::json& value, con
     throw Error(where + ": server: 'host' is empty");
   }
   // An empty key would read as "no key": the server would start open to anyone.
-  if ((key == "api_key" || key == "api_key_file") && value.is_string() && value.get<std::string>().empty()) {
+  if ((key == "api_key" || key == "api_key_file" || key == "admin_key") && value.is_string() &&
+      value.get<std::string>().empty()) {
     throw Error(where + ": server: '" + key + "' is empty; leave it out to serve without an API key");
   }
 }

@@ -3,7 +3,9 @@
 // traffic away after exactly min_requests requests. The guard's arithmetic in-process.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <map>
 #include <set>
 
@@ -141,6 +143,122 @@ TEST(ServeDeploy, AFailingCanaryLosesItsTrafficAfterMinRequests) {
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200) << "a canary's failed requests do not fail the server";
+}
+
+// The admin API sets weights under its own key; a reload (POST /admin/reload, SIGHUP) brings new
+// models in while 8 clients keep sending, and a bad file is refused by line with the old one serving:
+// no client request fails or is dropped, and every engine's KV blocks come back.
+TEST(ServeDeploy, AdminWeightsAndReloadsUnderLoadLoseNothing) {
+  test::TempDir dir;
+  test::serve_pipeline(dir, "", "a.yaml");
+  dir.write("b.yaml", "extends: a.yaml\ncomponents:\n  cache: { plugin: contiguous }\n");
+  auto deployment = [](const std::string& extra_model) {
+    return "server: { admin_key: s3cret }\n"
+           "models:\n"
+           "  - name: m\n"
+           "    variants:\n"
+           "      - { name: stable, pipeline: a.yaml, weight: 1 }\n"
+           "      - { name: canary, pipeline: b.yaml, weight: 0 }\n" +
+           (extra_model.empty() ? "" : "  - name: " + extra_model + "\n    pipeline: b.yaml\n");
+  };
+  const std::string file = dir.write("deploy.yaml", deployment(""));
+  ServerProcess server({"-d", file});
+  httplib::Client c = server.client();
+  const httplib::Headers admin = {{"Authorization", "Bearer s3cret"}};
+
+  auto no_key = c.Get("/admin/deployment");
+  ASSERT_TRUE(no_key);
+  EXPECT_EQ(no_key->status, 401);
+  auto wrong = c.Get("/admin/deployment", {{"Authorization", "Bearer guess"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto state = c.Get("/admin/deployment", admin);
+  ASSERT_TRUE(state);
+  ASSERT_EQ(state->status, 200) << state->body;
+  EXPECT_EQ(json::parse(state->body)["models"][0]["variants"][1]["weight"], 0.0) << state->body;
+
+  // Promotion by hand: every user moves to the canary.
+  const auto post = [&](const std::string& path, const json& body) { return c.Post(path, admin, body.dump(), "application/json"); };
+  for (const auto& [body, status] : std::vector<std::pair<json, int>>{
+           {{{"model", "m"}, {"weights", {{"nope", 1}}}}, 400},
+           {{{"model", "m"}, {"weights", {{"stable", 0}}}}, 400},  // nothing left with traffic
+           {{{"model", "x"}, {"weights", {{"stable", 1}}}}, 400},
+           {{{"model", "m"}, {"weights", {{"canary", -1}}}}, 400},
+           {{{"model", "m"}, {"weights", {{"canary", 1}, {"stable", 0}}}}, 200}}) {
+    auto res = post("/admin/deployment", body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << body.dump() << " => " << res->body;
+  }
+  for (int u = 0; u < 10; ++u) EXPECT_EQ(variant_of(complete(c, "m", "user" + std::to_string(u))), "canary");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([&, t] {
+      httplib::Client mine = server.client();
+      for (int i = 0; !stop; ++i) {
+        auto res = complete(mine, "m", "client" + std::to_string(t) + "-" + std::to_string(i));
+        (res && res->status == 200 ? ok : bad)++;
+      }
+    });
+  }
+  auto models = [&] {
+    auto res = c.Get("/v1/models");
+    std::set<std::string> ids;
+    if (res && res->status == 200) {
+      const json list = json::parse(res->body);
+      for (const json& m : list["data"]) ids.insert(m["id"].get<std::string>());
+    } else {
+      ids.insert(res ? std::to_string(res->status) + " " + res->body : httplib::to_string(res.error()));
+    }
+    return ids;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  dir.write("deploy.yaml", deployment("m2"));
+  auto reloaded = post("/admin/reload", json::object());
+  ASSERT_TRUE(reloaded);
+  EXPECT_EQ(reloaded->status, 200) << reloaded->body;
+  EXPECT_EQ(models(), (std::set<std::string>{"m", "m2"}));
+  EXPECT_EQ(variant_of(complete(c, "m2", "")), "default");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  dir.write("deploy.yaml", "models:\n  - name: m\n    pipline: a.yaml\n");
+  auto refused = c.Post("/admin/reload", admin, "", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_NE(refused->body.find("deploy.yaml:3: unknown key 'pipline'"), std::string::npos) << refused->body;
+  EXPECT_EQ(models(), (std::set<std::string>{"m", "m2"}));
+
+  dir.write("deploy.yaml", deployment("m3"));
+  kill(server.pid(), SIGHUP);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (models().count("m3") == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(models(), (std::set<std::string>{"m", "m3"})) << server.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(ok, 16);
+  // The reloaded file set the weights back: the stable variant serves again.
+  EXPECT_EQ(variant_of(complete(c, "m", "user1")), "stable");
+  auto page = c.Get("/metrics");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(test::metric(page->body, "tessera_reloads_total"), 2);
+  EXPECT_EQ(test::metric(page->body, "tessera_kv_blocks_used"), 0);
+  EXPECT_EQ(server.stop(), 0) << server.log();
+}
+
+TEST(ServeDeploy, WithoutAnAdminKeyTheAdminApiIsOff) {
+  test::TempDir dir;
+  ServerProcess server({"-p", test::serve_pipeline(dir)});
+  httplib::Client c = server.client();
+  auto res = c.Post("/admin/reload", "", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 403);
+  EXPECT_NE(res->body.find("server.admin_key"), std::string::npos) << res->body;
 }
 
 serve::Outcome at(double time, bool error, double ttft, double tpot = 0.01) { return {time, error, ttft, tpot}; }
