@@ -169,7 +169,7 @@ void serve_command(const ServeArgs& args) {
     for (sigwait(&signals, &sig); sig == SIGHUP && !exiting; sigwait(&signals, &sig)) {
       try {
         server.reload();
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         std::cerr << "reload refused, the running deployment keeps serving: " << e.what() << "\n";
       }
     }

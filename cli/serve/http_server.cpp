@@ -279,6 +279,9 @@ HttpResponse HttpServer::admin(const HttpRequest& req) {
     } catch (const Error& e) {
       return error_response(ApiError(400, std::string("reload refused, the running deployment keeps serving: ") + e.what(),
                                      "", "invalid_deployment"));
+    } catch (const std::exception& e) {  // out of memory building the new pipelines, say
+      return error_response(ApiError(500, std::string("reload failed, the running deployment keeps serving: ") + e.what(),
+                                     "", "reload_failed", "server_error"));
     }
   }
   const std::shared_ptr<Deployment> dep = current();
@@ -317,7 +320,8 @@ HttpResponse HttpServer::admin(const HttpRequest& req) {
         }
         total += w;
       }
-      for (const auto& [name, w] : body["weights"].items()) {
+      for (const auto& item : body["weights"].items()) {
+        const std::string name = item.key();  // clang 14: no structured binding in a lambda
         const bool known = std::any_of(m->variants.begin(), m->variants.end(), [&](const auto& v) { return v->name == name; });
         if (!known) throw ApiError(400, "model '" + m->name + "' has no variant '" + name + "'", "weights." + name, "invalid_value");
       }

@@ -117,7 +117,7 @@ constexpr size_t kMinCompiled = 90;
 
 TEST_F(ConstrainedGeneration, RealSchemasWithStories260KGreedyAndSampled) {
   auto p = cpu_pipeline(kStoriesF32);
-  EXPECT_GE(generate_and_validate(*p, {{0.0, 0}, {1.0, 1}, {1.0, 2}}, "stories260K"), kMinCompiled);
+  EXPECT_GE(generate_and_validate(*p, {{0.0, 0}, {1.0, 1}}, "stories260K"), kMinCompiled);
 }
 
 TEST_F(ConstrainedGeneration, RealSchemasWithTheLlamaVocabulary) {
@@ -128,7 +128,9 @@ TEST_F(ConstrainedGeneration, RealSchemasWithTheLlamaVocabulary) {
   const std::string model = dir.path() + "/tiny-llama-vocab.gguf";
   write_synthetic_model(spec, model);
   auto p = cpu_pipeline(model);
-  EXPECT_GE(generate_and_validate(*p, {{0.0, 0}, {1.0, 7}}, "synthetic, 32000-token llama vocabulary"), kMinCompiled);
+  // Greedy only: a 32,000-token vocabulary makes each new grammar state's mask cost milliseconds, and
+  // sampled outputs of a random model run to the context (minutes on 2 cores); stories260K samples.
+  EXPECT_GE(generate_and_validate(*p, {{0.0, 0}}, "synthetic, 32000-token llama vocabulary"), kMinCompiled);
 }
 
 GenerationResult generate(Pipeline& p, const ConstraintSpec& spec, int64_t max_tokens, double temperature = 0,

@@ -100,6 +100,10 @@ RollbackSpec load_rollback(const std::string& path, const std::string& where, co
       r.stable = scalar(at, kv.second, "stable");
       continue;
     }
+    if (key == "max_perplexity_delta") {
+      throw Error(yaml_at(path, kv.first) + ": rollback: max_perplexity_delta is not supported yet (the guard judges "
+                  "errors and latency; compare accuracy with `tessera eval` on both pipelines)");
+    }
     const RollbackKey* k = nullptr;
     for (const RollbackKey& c : kRollbackKeys) {
       if (key == c.name) k = &c;
