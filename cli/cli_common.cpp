@@ -56,8 +56,11 @@ PipelineOptions pipeline_options(const PipelineArgs& args) {
   return options;
 }
 
-std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args) {
-  std::unique_ptr<Pipeline> pipeline = Pipeline::build(spec, registry, pipeline_options(args));
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args,
+                                         ModelShare* share) {
+  PipelineOptions options = pipeline_options(args);
+  options.share = share;
+  std::unique_ptr<Pipeline> pipeline = Pipeline::build(spec, registry, options);
   // A quantizer whose every weight fell back to float (group 128 on rows of 64, say) runs the
   // float model under its name: say so.
   const std::vector<std::string>& formats = pipeline->model().linear_formats();

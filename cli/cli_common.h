@@ -24,8 +24,10 @@ void load_plugins(Registry& registry, bool quiet = false);
 // the source tree.
 std::string resolve_pipeline_path(const std::string& given);
 std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineArgs& args);
-// The same from a spec already loaded (-p is then ignored).
-std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args);
+// The same from a spec already loaded (-p is then ignored); with `share`, weights loaded there once
+// serve every pipeline that matches (PipelineOptions::share).
+std::unique_ptr<Pipeline> build_pipeline(const Registry& registry, const PipelineSpec& spec, const PipelineArgs& args,
+                                         ModelShare* share = nullptr);
 // The options build_pipeline builds with (-m, --backend, --kv-dtype, --threads).
 PipelineOptions pipeline_options(const PipelineArgs& args);
 

@@ -148,9 +148,13 @@ void serve_command(const ServeArgs& args) {
   };
   const DeploymentSpec spec = load_spec();
   const serve::ServerConfig config = server_config(spec, args);
+  // Variants of one model file with the same backend and quantizer load its weights once, and so does
+  // a reload while the old deployment still holds them.
+  ModelShare share;
   auto make = [&](const DeploymentSpec& s) {
     return std::make_shared<serve::Deployment>(
-        s, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline); }, config.chat_template);
+        s, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline, &share); },
+        config.chat_template);
   };
   std::shared_ptr<serve::Deployment> first = make(spec);
   const std::string description = first->describe();

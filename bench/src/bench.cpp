@@ -277,6 +277,7 @@ void run_servers(std::vector<PipelineRun>& runs, Trace& trace, bool& have_trace,
       r.prompt_token_mismatches = h.prompt_token_mismatches;
       r.usage_missing = h.usage_missing;
       r.server_metrics = std::move(h.server_metrics);
+      r.variants = std::move(h.variants);
       r.describe = "OpenAI-compatible server " + r.server + " (model '" + h.model + "', " +
                    (o.server_token_prompts ? "token-id prompts" : "text prompts") + ")";
     } catch (const std::exception& e) {

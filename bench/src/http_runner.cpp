@@ -228,6 +228,7 @@ HttpRunResult run_trace_http(const ServerTarget& target, const Trace& trace, con
   rr.results.resize(size_t(total));
   rr.scheduled.assign(size_t(total), 0.0);
   std::vector<int64_t> prompt_usage(size_t(total), -1);
+  out.variants.assign(size_t(total), std::string());
   std::vector<char> usage_seen(size_t(total), 0);
   std::mutex progress_mutex;
   std::atomic<int64_t> finished{0};
@@ -268,6 +269,7 @@ HttpRunResult run_trace_http(const ServerTarget& target, const Trace& trace, con
     g.submitted = seconds_since(t0);
     const auto res = c->send(req);
     g.finished = seconds_since(t0);
+    if (res) out.variants[size_t(i)] = res->get_header_value("X-Tessera-Variant");
     if (!res) {
       g.reason = FinishReason::error;
       g.error = transport_error(ep, res.error());

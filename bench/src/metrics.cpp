@@ -136,7 +136,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
   m["duration_s"] = seconds;
 
   Samples all;
-  std::map<std::string, Samples> by_class, by_user;
+  std::map<std::string, Samples> by_class, by_user, by_variant;
   std::map<std::string, int64_t> reasons;
   for (size_t i = 0; i < rr.results.size(); ++i) {
     const GenerationResult& r = rr.results[i];
@@ -144,6 +144,7 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
     all.add(r);
     by_class[workload.classes[size_t(t.klass)].name].add(r);
     by_user[user_name(t.user)].add(r);
+    if (i < run.variants.size()) by_variant[run.variants[i]].add(r);
     ++reasons[std::string(finish_reason_name(r.reason))];
   }
   json errors = json::array();
@@ -220,6 +221,20 @@ json pipeline_metrics(const PipelineRun& run, const PipelineRun* reference, cons
                    {"prefix_hit_rate", cache_hit}};
   }
   m["users"] = users;
+  // A deployment's canary beside its stable variant, as the server's header says which one answered
+  // (empty for in-process pipelines and servers that send no header).
+  json variants = json::object();
+  const bool any_variant = std::any_of(by_variant.begin(), by_variant.end(), [](const auto& v) { return !v.first.empty(); });
+  for (const auto& [name, s] : by_variant) {
+    if (!any_variant) break;
+    variants[name.empty() ? "(no header)" : name] = {
+        {"count", s.count},
+        {"errors", s.errors},
+        {"output_tokens", s.output_tokens},
+        {"output_tokens_per_s", nullable(seconds > 0, double(s.output_tokens) / seconds)},
+        {"latency_ms", s.latency_json()}};
+  }
+  m["variants"] = variants;
   m["cdf_ms"] = {{"ttft", cdf_json(all.ttft)}, {"tpot", cdf_json(all.tpot)}, {"e2e", cdf_json(all.e2e)}};
   m["ttft_by_load"] = ttft_by_load(rr.results);
 

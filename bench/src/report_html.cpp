@@ -309,6 +309,23 @@ std::string render_html(const json& r) {
     }
   }
   h << "</table>\n";
+  bool any_variant = false;
+  for (const json* p : ok) any_variant = any_variant || (p->contains("variants") && !(*p)["variants"].empty());
+  if (any_variant) {
+    h << "<h2>Per variant (the server's X-Tessera-Variant header)</h2><table><tr><th>server</th><th>variant</th>"
+         "<th>requests</th><th>errors</th><th>output tok/s</th><th>TTFT P50/P95/P99 ms</th><th>TPOT P50/P95/P99 ms</th>"
+         "<th>E2E P50/P95/P99 ms</th></tr>\n";
+    for (const json* p : ok) {
+      if (!p->contains("variants")) continue;
+      for (const auto& [name, v] : (*p)["variants"].items()) {
+        h << "<tr><td>" << esc(str((*p)["name"])) << "</td><td>" << esc(name) << "</td><td>" << v["count"] << "</td><td>"
+          << v["errors"] << "</td><td>" << numj(v["output_tokens_per_s"], 1) << "</td><td>"
+          << three(v["latency_ms"]["ttft"]) << "</td><td>" << three(v["latency_ms"]["tpot"]) << "</td><td>"
+          << three(v["latency_ms"]["e2e"]) << "</td></tr>\n";
+      }
+    }
+    h << "</table>\n";
+  }
 
   const json& c = r["conditions"];
   h << "<h2>Conditions</h2><table>";

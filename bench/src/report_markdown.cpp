@@ -145,6 +145,24 @@ std::string render_markdown(const json& r) {
     }
   }
 
+  // Only servers that name the variant answering (a tessera deployment with a canary) have rows.
+  bool any_variant = false;
+  for (const auto& p : r["pipelines"]) any_variant = any_variant || (p.contains("variants") && !p["variants"].empty());
+  if (any_variant) {
+    out << "\n## Per variant (the server's X-Tessera-Variant header)\n\n";
+    header(out, {"server", "variant", "requests", "errors", "output tok/s", "TTFT P50 ms", "TTFT P99 ms", "TPOT P50 ms",
+                 "TPOT P99 ms", "E2E P99 ms"});
+    for (const auto& p : r["pipelines"]) {
+      if (p["status"] != "ok" || !p.contains("variants")) continue;
+      for (const auto& [name, v] : p["variants"].items()) {
+        const json& l = v["latency_ms"];
+        row(out, {str(p["name"]), name, std::to_string(v["count"].get<int64_t>()),
+                  std::to_string(v["errors"].get<int64_t>()), num(v["output_tokens_per_s"]), num(l["ttft"]["p50"]),
+                  num(l["ttft"]["p99"]), num(l["tpot"]["p50"], 2), num(l["tpot"]["p99"], 2), num(l["e2e"]["p99"])});
+      }
+    }
+  }
+
   out << "\n## Accuracy against " << (ref.empty() ? "the reference" : ref) << "\n\n";
   header(out, {"pipeline", "perplexity", "delta", "KL divergence", "teacher-forced agreement", "greedy agreement",
                "trace agreement", "identical trace outputs", "note"});

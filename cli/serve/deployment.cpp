@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "tessera/error.h"
+#include "tessera/eval.h"
 #include "tessera/gguf.h"
+#include "tessera/read_file.h"
 
 namespace tessera::serve {
 
@@ -53,6 +55,7 @@ Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build,
       v->weight = vs.weight;
       v->pipeline_path = vs.pipeline.path;
       v->index = served.variants.size();
+      v->guard = served.guard.get();
       if (m.rollback.enabled && vs.name == m.rollback.stable) served.guard->stable = v->index;
       try {
         v->pipeline = build(vs.pipeline);
@@ -62,9 +65,10 @@ Deployment::Deployment(const DeploymentSpec& spec, const PipelineBuilder& build,
       } catch (const Error& e) {
         throw Error(vs.where + ": model '" + m.name + "' variant '" + vs.name + "': " + e.what());
       }
-      v->engine = std::make_unique<ServingEngine>(*v->pipeline);
       served.variants.push_back(std::move(v));
     }
+    if (m.rollback.max_perplexity_delta > 0) check_perplexity(served);
+    for (auto& v : served.variants) v->engine = std::make_unique<ServingEngine>(*v->pipeline);
     models_.push_back(std::move(served));
   }
 }
@@ -81,8 +85,13 @@ const ServedModel* Deployment::find(const std::string& name) const {
 
 Variant& Deployment::route(const ServedModel& model, const std::string& user) const {
   if (model.variants.size() == 1) return *model.variants.front();
-  double total = 0;
-  for (const auto& v : model.variants) total += v->weight.load();
+  // One reading of the weights (the admin API or a rollback may change them meanwhile).
+  std::vector<double> weights;
+  for (const auto& v : model.variants) weights.push_back(v->weight.load());
+  const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+  // Every weight 0 (weights are checked > 0 in total at load, a rollback may still zero the rest):
+  // the first variant.
+  if (!(total > 0)) return *model.variants.front();
   double point;
   if (user.empty()) {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -91,24 +100,57 @@ Variant& Deployment::route(const ServedModel& model, const std::string& user) co
     point = double(stable_hash(model.name, user) >> 11) * 0x1.0p-53;  // uniform in [0, 1)
   }
   point *= total;
-  for (const auto& v : model.variants) {
-    const double w = v->weight.load();
-    if (w > 0 && point < w) return *v;
-    point -= w;
+  size_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0) continue;
+    if (point < weights[i]) return *model.variants[i];
+    point -= weights[i];
+    last = i;
   }
-  // Rounding at the top end, or every weight 0 (weights are checked > 0 in total at load): the last
-  // variant with weight, else the first.
-  for (auto it = model.variants.rbegin(); it != model.variants.rend(); ++it) {
-    if ((*it)->weight.load() > 0) return **it;
-  }
-  return *model.variants.front();
+  return *model.variants[last];  // rounding at the top end
 }
 
-const ServedModel& Deployment::model_of(const Variant& v) const {
-  for (const ServedModel& m : models_) {
-    if (m.name == v.model) return m;
+void Deployment::check_perplexity(ServedModel& m) {
+  ModelGuard& g = *m.guard;
+  const RollbackSpec& spec = g.spec;
+  const std::string text = read_file(spec.eval_text, "eval_text", kTextInputLimits);
+  for (auto& v : m.variants) {
+    // As `tessera eval` and the bench score: chunks of up to 128 tokens, BOS first, at most 8 of them.
+    std::vector<int32_t> tokens = perplexity_tokens(v->pipeline->tokenizer(), text);
+    const int64_t ctx = std::min<int64_t>(128, v->pipeline->max_sequence_tokens());
+    if (int64_t(tokens.size()) > 8 * ctx) tokens.resize(size_t(8 * ctx));
+    try {
+      v->perplexity = perplexity(*v->pipeline, tokens, ctx).perplexity;
+    } catch (const Error& e) {
+      throw Error(spec.where + ": rollback: eval_text " + spec.eval_text + ", model '" + m.name + "' variant '" +
+                  v->name + "': " + e.what());
+    }
   }
-  throw Error("deployment: no model '" + v.model + "'");
+  const Variant& stable = *m.variants[g.stable];
+  for (auto& v : m.variants) {
+    const double delta = v->perplexity - stable.perplexity;
+    std::ostringstream figures;
+    figures << "perplexity " << v->perplexity << " on " << spec.eval_text << " against the stable variant's "
+            << stable.perplexity << " (delta " << delta << ", max_perplexity_delta " << spec.max_perplexity_delta << ")";
+    if (v.get() == &stable || !(delta > spec.max_perplexity_delta)) {
+      std::cerr << "model '" << m.name << "' variant '" << v->name << "': " << figures.str() << "\n";
+      continue;
+    }
+    const double was = v->weight.exchange(0);
+    ++g.rollbacks[v->index]["perplexity"];
+    std::cerr << "rollback: model '" << m.name << "' variant '" << v->name << "' weight " << was << " -> 0: "
+              << figures.str() << "\n";
+  }
+}
+
+std::vector<std::string> Deployment::weight_sharers(const Variant& v) const {
+  std::vector<std::string> out;
+  for (const ServedModel& m : models_) {
+    for (const auto& other : m.variants) {
+      if (other.get() != &v && other->pipeline->shares_weights_with(*v.pipeline)) out.push_back(m.name + "/" + other->name);
+    }
+  }
+  return out;
 }
 
 void Deployment::record(Variant& v, const GenerationResult& r) {
@@ -119,8 +161,7 @@ void Deployment::record(Variant& v, const GenerationResult& r) {
   if (r.first_token > 0) o.ttft = r.ttft();
   const std::vector<double> gaps = r.inter_token_times();
   if (!gaps.empty()) o.tpot = std::accumulate(gaps.begin(), gaps.end(), 0.0) / double(gaps.size());
-  const ServedModel& m = model_of(v);
-  ModelGuard& g = *m.guard;
+  ModelGuard& g = *v.guard;
   std::lock_guard lock(g.mutex);
   g.windows[v.index].add(o);
   if (!g.spec.enabled || v.index == g.stable || v.weight.load() <= 0) return;
@@ -129,12 +170,12 @@ void Deployment::record(Variant& v, const GenerationResult& r) {
   if (!breach) return;
   const double was = v.weight.exchange(0);
   ++g.rollbacks[v.index][breach->reason];
-  std::cerr << "rollback: model '" << m.name << "' variant '" << v.name << "' weight " << was << " -> 0: "
+  std::cerr << "rollback: model '" << v.model << "' variant '" << v.name << "' weight " << was << " -> 0: "
             << breach->detail << "\n";
 }
 
 std::map<std::string, int64_t> Deployment::rollbacks(const Variant& v) const {
-  const ModelGuard& g = *model_of(v).guard;
+  const ModelGuard& g = *v.guard;
   std::lock_guard lock(g.mutex);
   return g.rollbacks[v.index];
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,8 @@
 
 namespace tessera::serve {
 
+struct ModelGuard;
+
 struct Variant {
   std::string model;  // the model's name
   std::string name;
@@ -29,6 +32,8 @@ struct Variant {
   std::unique_ptr<ServingEngine> engine;
   ChatTemplate chat{ChatFormat::fallback};  // replaced by the chosen one
   size_t index = 0;  // in its model's variants
+  ModelGuard* guard = nullptr;  // its model's
+  double perplexity = std::numeric_limits<double>::quiet_NaN();  // on the rollback's eval_text, where set
 };
 
 // A model's canary guard: the variants' recent outcomes and the rollbacks so far.
@@ -67,8 +72,11 @@ class Deployment {
   // A request `v` finished: its outcome joins the window, and a canary past its model's rollback
   // limits loses its traffic at once (weight 0; requests in flight finish), logged with the figures.
   void record(Variant& v, const GenerationResult& result);
-  // Rollbacks of a variant so far, by reason (error_rate, ttft_p99, tpot_p99).
+  // Rollbacks of a variant so far, by reason (error_rate, ttft_p99, tpot_p99, perplexity).
   std::map<std::string, int64_t> rollbacks(const Variant& v) const;
+
+  // The other variants ("model/variant") that run on the same loaded weights as `v`.
+  std::vector<std::string> weight_sharers(const Variant& v) const;
 
   // Every variant's engine.
   void cancel_all();
@@ -76,7 +84,8 @@ class Deployment {
   std::string failure() const;  // the first failed engine's message, "" when none
 
  private:
-  const ServedModel& model_of(const Variant& v) const;
+  // max_perplexity_delta: every variant scored on eval_text; a canary past it starts at weight 0.
+  void check_perplexity(ServedModel& m);
   std::string path_;
   std::vector<ServedModel> models_;
 };

@@ -340,7 +340,9 @@ HttpResponse HttpServer::admin(const HttpRequest& req) {
     json variants = json::array();
     for (const auto& v : m.variants) {
       variants.push_back({{"name", v->name}, {"weight", v->weight.load()}, {"pipeline", v->pipeline_path},
-                          {"rollbacks", dep->rollbacks(*v)}});
+                          {"rollbacks", dep->rollbacks(*v)}, {"weight_bytes", v->pipeline->model().weight_bytes()},
+                          {"shares_weights_with", dep->weight_sharers(*v)},
+                          {"perplexity", std::isnan(v->perplexity) ? json(nullptr) : json(v->perplexity)}});
     }
     models.push_back({{"name", m.name}, {"variants", variants}});
   }
@@ -363,7 +365,8 @@ HttpResponse HttpServer::get_route_answer(const HttpRequest& req) {
     for (const ServedModel& m : deployment.models()) {
       for (const auto& v : m.variants) {
         variants.push_back({m.name, v->name, v->weight.load(), v->engine->snapshot(),
-                            v->pipeline->decoder().speculator() != nullptr, deployment.rollbacks(*v)});
+                            v->pipeline->decoder().speculator() != nullptr, deployment.rollbacks(*v),
+                            v->pipeline->model().weight_bytes()});
       }
     }
     HttpResponse r;

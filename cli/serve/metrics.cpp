@@ -294,7 +294,8 @@ void ServerMetrics::write_variants(std::string& out, const std::vector<VariantSn
   header(out, "tessera_reloads_total", "counter", "Reloads of the deployment file that took effect (SIGHUP, POST /admin/reload).");
   sample(out, "tessera_reloads_total", "", double(reloads_));
   header(out, "tessera_rollbacks_total", "counter",
-         "Canaries rolled back (weight set to 0) by the model's rollback guard, by reason: error_rate, ttft_p99, tpot_p99.");
+         "Canaries rolled back (weight set to 0) by the model's rollback guard, by reason: error_rate, ttft_p99, tpot_p99, "
+         "perplexity.");
   for (const VariantSnapshot& v : variants) {
     for (const auto& [reason, n] : v.rollbacks) {
       sample(out, "tessera_rollbacks_total", variant_labels(v.model, v.variant) + ",reason=\"" + reason + "\"", double(n));
@@ -325,22 +326,27 @@ void ServerMetrics::write_variants(std::string& out, const std::vector<VariantSn
   for (const VariantSnapshot& v : variants) {
     series(v).itl.write(out, "tessera_variant_inter_token_latency_seconds", variant_labels(v.model, v.variant));
   }
-  const std::pair<const char*, const char*> gauges[] = {
-      {"tessera_variant_queue_depth", "Requests waiting for admission to the variant's engine."},
-      {"tessera_variant_requests_running", "Sequences the variant's engine is running."},
-      {"tessera_variant_kv_blocks_used", "KV cache blocks holding the variant's running sequences."},
-      {"tessera_variant_kv_blocks_total", "KV cache blocks in the variant's pool."}};
-  for (const auto& [name, help] : gauges) {
-    header(out, name, "gauge", help);
-    for (const VariantSnapshot& v : variants) {
-      const EngineSnapshot& s = v.snapshot;
-      const std::string n = name;
-      const double value = n == "tessera_variant_queue_depth"       ? double(s.engine.waiting)
-                           : n == "tessera_variant_requests_running" ? double(s.engine.running)
-                           : n == "tessera_variant_kv_blocks_used"   ? double(s.cache.blocks_used)
-                                                                     : double(s.cache.blocks_total);
-      sample(out, name, variant_labels(v.model, v.variant), value);
-    }
+  struct Gauge {
+    const char* name;
+    const char* help;
+    double (*value)(const VariantSnapshot&);
+  };
+  static constexpr Gauge gauges[] = {
+      {"tessera_variant_queue_depth", "Requests waiting for admission to the variant's engine.",
+       [](const VariantSnapshot& v) { return double(v.snapshot.engine.waiting); }},
+      {"tessera_variant_requests_running", "Sequences the variant's engine is running.",
+       [](const VariantSnapshot& v) { return double(v.snapshot.engine.running); }},
+      {"tessera_variant_kv_blocks_used", "KV cache blocks holding the variant's running sequences.",
+       [](const VariantSnapshot& v) { return double(v.snapshot.cache.blocks_used); }},
+      {"tessera_variant_kv_blocks_total", "KV cache blocks in the variant's pool.",
+       [](const VariantSnapshot& v) { return double(v.snapshot.cache.blocks_total); }},
+      {"tessera_variant_weight_bytes",
+       "Backend memory of the weights the variant runs on; variants sharing one load (same model file, "
+       "backend and quantizer) report the same bytes, held once.",
+       [](const VariantSnapshot& v) { return double(v.weight_bytes); }}};
+  for (const Gauge& g : gauges) {
+    header(out, g.name, "gauge", g.help);
+    for (const VariantSnapshot& v : variants) sample(out, g.name, variant_labels(v.model, v.variant), g.value(v));
   }
 }
 

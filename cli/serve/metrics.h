@@ -37,6 +37,7 @@ struct VariantSnapshot {
   EngineSnapshot snapshot;
   bool speculates = false;
   std::map<std::string, int64_t> rollbacks;  // by reason
+  size_t weight_bytes = 0;  // the weights it runs on (shared ones count for each variant sharing them)
 };
 
 class ServerMetrics {

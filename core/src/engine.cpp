@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -127,6 +128,8 @@ void Engine::take_incoming() {
 }
 
 bool Engine::step() {
+  // Pipelines sharing weights (PipelineOptions::share) run one step at a time on them.
+  std::lock_guard running(pipeline_.step_mutex());
   const double step_start = now();
   take_incoming();
   if (running_.empty() && waiting_.empty()) return false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ int64_t chunk_count(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t
 // Chunk c's logits (ctx rows): its tokens with BOS first, in a sequence of its own.
 void chunk_logits(Pipeline& pipeline, std::span<const int32_t> tokens, int64_t c, int64_t ctx,
                   std::vector<float>& logits) {
+  std::lock_guard running(pipeline.step_mutex());  // its weights may serve another pipeline too
   Cache& cache = pipeline.cache();
   const SeqId seq = ~SeqId(0);  // reserved id, never handed to requests
   std::vector<int32_t> chunk(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx);

@@ -86,6 +86,26 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
   return create_at<Backend>(registry, "cpu", spec.backend_params, "backend cpu", where);
 }
 
+// What decides a load's weights: the file as it is now (a replaced file loads anew), the backend
+// and its settings, the quantizer and its parameters. `auto` also depends on the cache type.
+std::string share_key(const PipelineSpec& spec, const PipelineOptions& options) {
+  std::error_code ec;
+  const std::filesystem::path path = std::filesystem::canonical(spec.model, ec);
+  const auto size = std::filesystem::file_size(spec.model, ec);
+  const auto mtime = std::filesystem::last_write_time(spec.model, ec).time_since_epoch().count();
+  const ComponentSpec& q = spec.components.at(ComponentKind::quantizer);
+  nlohmann::json key = {{"file", path.empty() ? spec.model : path.string()},
+                        {"size", size},
+                        {"mtime", mtime},
+                        {"backend", spec.backend},
+                        {"backend_params", spec.backend_params},
+                        {"threads", options.threads},
+                        {"quantizer", q.plugin},
+                        {"quantizer_params", q.params}};
+  if (spec.backend == "auto") key["kv_dtype"] = dtype_name(spec.kv_dtype);
+  return key.dump();
+}
+
 }  // namespace
 
 Pipeline::~Pipeline() = default;
@@ -119,48 +139,56 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   }
   p->model_path_ = spec.model;
 
-  p->backend_ = make_backend(spec, spec.backend, registry);
-  if (options.threads > 0) {
-    try {
-      p->backend_->set_threads(options.threads);
-    } catch (const Error& e) {
-      throw Error(std::string("--threads: ") + e.what());
-    }
-  }
-  if (p->backend_->devices().empty()) {
-    throw Error("backend '" + std::string(p->backend_->name()) + "' has no device");
-  }
-
   auto create = [&]<class T>(ComponentKind kind, std::shared_ptr<T>& out) {
     const ComponentSpec& c = spec.components.at(kind);
     const std::string who = std::string(kind_name(kind)) + " " + c.plugin;
     out = create_at<T>(registry, c.plugin, c.params, who, c.where.empty() ? who : c.where + ": " + who);
   };
-  create(ComponentKind::quantizer, p->quantizer_);
+  auto load = [&] {
+    auto loaded = std::make_shared<LoadedModel>();
+    loaded->backend = make_backend(spec, spec.backend, registry);
+    if (options.threads > 0) {
+      try {
+        loaded->backend->set_threads(options.threads);
+      } catch (const Error& e) {
+        throw Error(std::string("--threads: ") + e.what());
+      }
+    }
+    if (loaded->backend->devices().empty()) {
+      throw Error("backend '" + std::string(loaded->backend->name()) + "' has no device");
+    }
+    create(ComponentKind::quantizer, loaded->quantizer);
+    loaded->file = GgufFile::open(spec.model);
+    try {
+      loaded->model = std::make_unique<Model>(loaded->file, *loaded->backend, *loaded->quantizer);
+    } catch (const Error& e) {
+      // A quantizer refusing a weight (a kernel this CPU lacks, a shape it cannot take) is a setting
+      // of the pipeline: name its line. The model's own errors already name the model file.
+      const std::string what = e.what();
+      const std::string& where = spec.components.at(ComponentKind::quantizer).where;
+      throw Error(what.rfind("quantizer", 0) == 0 && !where.empty() ? where + ": " + what : what);
+    }
+    return loaded;
+  };
+  p->loaded_ = options.share != nullptr ? options.share->get(share_key(spec, options), load) : load();
   create(ComponentKind::attention, p->attention_);
   create(ComponentKind::cache, p->cache_);
   create(ComponentKind::scheduler, p->scheduler_);
   create(ComponentKind::decoder, p->decoder_);
   create(ComponentKind::constraint, p->constraint_);
-
-  p->file_ = GgufFile::open(spec.model);
   try {
-    p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->file_));
+    p->tokenizer_ = Tokenizer::create(load_vocabulary(*p->loaded_->file));
   } catch (const Error& e) {
     const std::string what = e.what();
     throw Error(what.rfind(spec.model, 0) == 0 ? what : spec.model + ": " + what);  // name the file once
   }
-  try {
-    p->model_ = std::make_unique<Model>(p->file_, *p->backend_, *p->quantizer_);
-  } catch (const Error& e) {
-    // A quantizer refusing a weight (a kernel this CPU lacks, a shape it cannot take) is a setting
-    // of the pipeline: name its line. The model's own errors already name the model file.
-    const std::string what = e.what();
-    const std::string& where = spec.components.at(ComponentKind::quantizer).where;
-    throw Error(what.rfind("quantizer", 0) == 0 && !where.empty() ? where + ": " + what : what);
-  }
-  check_tensor_patterns(spec.components.at(ComponentKind::quantizer), p->model_->linear_names(), spec.model);
-  const ModelConfig& mc = p->model_->config();
+  // A shared model may be running for another pipeline: what follows allocates on its backend and
+  // may run the model (a speculator's set-up).
+  std::lock_guard running(p->step_mutex());
+  Model& model = p->model();
+  Backend& backend = p->backend();
+  check_tensor_patterns(spec.components.at(ComponentKind::quantizer), model.linear_names(), spec.model);
+  const ModelConfig& mc = model.config();
   if (p->tokenizer_->vocab_size() != mc.vocab) {
     throw Error(spec.model + ": tokenizer has " + std::to_string(p->tokenizer_->vocab_size()) +
                 " tokens but token_embd.weight has " + std::to_string(mc.vocab) + " rows");
@@ -172,20 +200,20 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   CacheGeometry geometry{mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.context_length, spec.kv_dtype};
 
   // Every op the components will call must exist on this backend, checked before the first step.
-  std::vector<OpRequirement> needs = p->model_->requirements();
+  std::vector<OpRequirement> needs = model.requirements();
   for (auto& r : p->attention_->requirements(geometry.dtype)) needs.push_back(r);
   for (const auto& r : needs) {
-    if (!p->backend_->supports(r.op, r.dtype)) {
+    if (!backend.supports(r.op, r.dtype)) {
       // The cache type is a setting: name where it was chosen.
       const bool from_kv_dtype = r.dtype == geometry.dtype && !spec.kv_dtype_where.empty() &&
                                  (r.op == Op::kv_write || r.op == Op::attention || r.op == Op::sparse_attention);
       throw Error((from_kv_dtype ? spec.kv_dtype_where + ": kv_dtype: " : std::string()) + r.who + " needs " +
                   std::string(op_name(r.op)) + " on " + std::string(dtype_name(r.dtype)) + ", which the " +
-                  std::string(p->backend_->name()) + " backend does not provide");
+                  std::string(backend.name()) + " backend does not provide");
     }
   }
   try {
-    p->cache_->configure(*p->backend_, geometry);
+    p->cache_->configure(backend, geometry);
   } catch (const Error& e) {
     const std::string& where = spec.components.at(ComponentKind::cache).where;
     throw Error(where.empty() ? e.what() : where + ": " + e.what());
@@ -196,7 +224,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   if (Speculator* speculator = p->decoder_->speculator()) {
     const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
     try {
-      speculator->attach(SpeculationHost{registry, p->spec_, *p->backend_, p->file_, *p->model_, *p->cache_,
+      speculator->attach(SpeculationHost{registry, p->spec_, backend, p->loaded_->file, model, *p->cache_,
                                          *p->attention_, *p->tokenizer_});
     } catch (const Error& e) {
       throw Error(c.where + ": decoder " + c.plugin + ": " + e.what());
@@ -207,7 +235,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
 
 std::string Pipeline::sequence_limit_text() const {
   const int64_t limit = max_sequence_tokens_;
-  if (limit < model_->config().context_length) {
+  if (limit < model().config().context_length) {
     return "the " + spec_.components.at(ComponentKind::cache).plugin + " cache's " + std::to_string(limit) +
            " tokens per sequence";
   }
@@ -215,7 +243,7 @@ std::string Pipeline::sequence_limit_text() const {
 }
 
 std::string Pipeline::describe() const {
-  std::string out = std::string(backend_->name()) + " |";
+  std::string out = std::string(loaded_->backend->name()) + " |";
   for (ComponentKind k : kComponentKinds) out += " " + spec_.components.at(k).plugin;
   if (spec_.kv_dtype != DType::F32) out += " | kv " + std::string(dtype_name(spec_.kv_dtype));
   return out;

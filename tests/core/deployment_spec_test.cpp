@@ -75,6 +75,15 @@ TEST_F(DeploymentSpecTest, MistakesNameTheLine) {
       {head + "    pipeline: missing.yaml\n", "d.yaml:3: in pipeline: "},
       {head + "    pipeline: [a.yaml]\n", "d.yaml:3: 'pipeline' must be a non-empty text"},
       {"models:\n, x\n", "d.yaml:2: invalid YAML"},
+      {head + "    variants: [{ name: x, pipeline: a.yaml }, { name: y, pipeline: a.yaml }]\n"
+              "    rollback: { max_perplexity_delta: 0.5 }\n",
+       "d.yaml:4: rollback: max_perplexity_delta needs eval_text"},
+      {head + "    variants: [{ name: x, pipeline: a.yaml }, { name: y, pipeline: a.yaml }]\n"
+              "    rollback: { max_perplexity_delta: 0.5, eval_text: nowhere.txt }\n",
+       "d.yaml:4: rollback: eval_text 'nowhere.txt' is not a file"},
+      {head + "    variants: [{ name: x, pipeline: a.yaml }, { name: y, pipeline: a.yaml }]\n"
+              "    rollback: { max_perplexity_delta: -1 }\n",
+       "d.yaml:4: rollback: 'max_perplexity_delta' is '-1'"},
   };
   for (const auto& [text, want] : cases) {
     const std::string msg = error_of(text);

@@ -9,7 +9,8 @@
 //       variants:
 //         - { name: stable, pipeline: pipelines/paged.yaml, weight: 95 }
 //         - { name: canary, pipeline: pipelines/serve.yaml, weight: 5 }
-//       rollback: { min_requests: 20, window: 60, max_error_rate: 0.05, max_ttft_p99_ratio: 2 }
+//       rollback: { min_requests: 20, window: 60, max_error_rate: 0.05, max_ttft_p99_ratio: 2,
+//                   max_perplexity_delta: 0.5, eval_text: eval.txt }
 #pragma once
 
 #include <map>
@@ -40,6 +41,10 @@ struct RollbackSpec {
   double max_error_rate = 0.05;     // share of requests that failed in the server
   double max_ttft_p99_ratio = 2.0;  // 0: not checked
   double max_tpot_p99_ratio = 2.0;  // 0: not checked
+  // The accuracy gate, before a deployment takes traffic: every variant's perplexity on `eval_text`
+  // (a file, resolved as pipelines are); a canary past the stable one's + this starts with weight 0.
+  double max_perplexity_delta = 0;  // 0: not checked
+  std::string eval_text;
   std::string where;
 };
 

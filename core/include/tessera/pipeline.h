@@ -8,6 +8,7 @@
 #include "tessera/constraint.h"
 #include "tessera/gguf.h"
 #include "tessera/model.h"
+#include "tessera/model_share.h"
 #include "tessera/pipeline_spec.h"
 #include "tessera/registry.h"
 #include "tessera/tokenizer.h"
@@ -20,6 +21,9 @@ struct PipelineOptions {
   std::string backend;  // overrides the pipeline's backend when set
   std::string kv_dtype;  // overrides the pipeline's kv_dtype when set (--kv-dtype)
   int threads = 0;      // CPU threads; 0 = the backend's default
+  // Where set, a pipeline whose model file, backend (its parameters and threads) and quantizer (its
+  // parameters) match one already loaded there shares that one's weights (tessera/model_share.h).
+  ModelShare* share = nullptr;
 };
 
 class Pipeline {
@@ -37,10 +41,15 @@ class Pipeline {
   // cache's N tokens per sequence".
   std::string sequence_limit_text() const;
   const std::string& model_path() const { return model_path_; }
-  Backend& backend() { return *backend_; }
-  Model& model() { return *model_; }
+  Backend& backend() { return *loaded_->backend; }
+  Model& model() { return *loaded_->model; }
+  const Model& model() const { return *loaded_->model; }
+  // Held while the model runs: pipelines sharing weights take turns (PipelineOptions::share).
+  std::mutex& step_mutex() { return loaded_->step_mutex; }
+  // Whether `other` runs on the same weights (one load, shared).
+  bool shares_weights_with(const Pipeline& other) const { return loaded_ == other.loaded_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  Quantizer& quantizer() { return *quantizer_; }
+  Quantizer& quantizer() { return *loaded_->quantizer; }
   Attention& attention() { return *attention_; }
   Cache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
@@ -56,17 +65,14 @@ class Pipeline {
   std::string model_path_;
   int64_t max_sequence_tokens_ = 0;
   // Declaration order is destruction order reversed: components that hold backend memory or
-  // objects made by a plugin go before the backend and that plugin.
-  std::shared_ptr<Backend> backend_;
-  std::shared_ptr<const GgufFile> file_;
+  // objects made by a plugin go before the backend (in loaded_) and that plugin.
+  std::shared_ptr<LoadedModel> loaded_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::shared_ptr<Quantizer> quantizer_;
   std::shared_ptr<Attention> attention_;
   std::shared_ptr<Cache> cache_;
   std::shared_ptr<Scheduler> scheduler_;
   std::shared_ptr<Decoder> decoder_;
   std::shared_ptr<Constraint> constraint_;
-  std::unique_ptr<Model> model_;
 };
 
 }  // namespace tessera

@@ -86,7 +86,8 @@ constexpr RollbackKey kRollbackKeys[] = {{"min_requests", 1, false, true},
                                          {"window", 0, true, false},
                                          {"max_error_rate", 0, false, false},
                                          {"max_ttft_p99_ratio", 0, false, false},
-                                         {"max_tpot_p99_ratio", 0, false, false}};
+                                         {"max_tpot_p99_ratio", 0, false, false},
+                                         {"max_perplexity_delta", 0, false, false}};
 
 RollbackSpec load_rollback(const std::string& path, const std::string& where, const YAML::Node& node) {
   RollbackSpec r;
@@ -100,9 +101,13 @@ RollbackSpec load_rollback(const std::string& path, const std::string& where, co
       r.stable = scalar(at, kv.second, "stable");
       continue;
     }
-    if (key == "max_perplexity_delta") {
-      throw Error(yaml_at(path, kv.first) + ": rollback: max_perplexity_delta is not supported yet (the guard judges "
-                  "errors and latency; compare accuracy with `tessera eval` on both pipelines)");
+    if (key == "eval_text") {
+      r.eval_text = beside(path, scalar(at, kv.second, "eval_text"));
+      if (!fs::is_regular_file(r.eval_text)) {
+        throw Error(at + ": rollback: eval_text '" + kv.second.Scalar() + "' is not a file (looked in the working "
+                    "directory and beside " + path + ")");
+      }
+      continue;
     }
     const RollbackKey* k = nullptr;
     for (const RollbackKey& c : kRollbackKeys) {
@@ -111,7 +116,7 @@ RollbackSpec load_rollback(const std::string& path, const std::string& where, co
     if (k == nullptr) {
       throw Error(yaml_at(path, kv.first) + ": unknown key '" + key +
                   "' (rollback has stable, min_requests, window, max_error_rate, max_ttft_p99_ratio, "
-                  "max_tpot_p99_ratio)");
+                  "max_tpot_p99_ratio, max_perplexity_delta, eval_text)");
     }
     const nlohmann::json v = yaml_to_json(kv.second);
     const bool number = k->integer ? v.is_number_integer() : v.is_number();
@@ -126,6 +131,13 @@ RollbackSpec load_rollback(const std::string& path, const std::string& where, co
     if (key == "max_error_rate") r.max_error_rate = d;
     if (key == "max_ttft_p99_ratio") r.max_ttft_p99_ratio = d;
     if (key == "max_tpot_p99_ratio") r.max_tpot_p99_ratio = d;
+    if (key == "max_perplexity_delta") r.max_perplexity_delta = d;
+  }
+  if (r.max_perplexity_delta > 0 && r.eval_text.empty()) {
+    throw Error(where + ": rollback: max_perplexity_delta needs eval_text: the text file every variant is scored on");
+  }
+  if (r.max_perplexity_delta == 0 && !r.eval_text.empty()) {
+    throw Error(where + ": rollback: eval_text is read only for max_perplexity_delta (> 0), which is not set");
   }
   return r;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,9 @@ struct HttpRunResult {
   bool ignore_eos = false;       // the server accepted the ignore_eos extension
   int64_t prompt_token_mismatches = 0;  // usage.prompt_tokens differed from the trace's prompt length
   int64_t usage_missing = 0;     // finished requests without a usage block (output counted from text)
+  // By trace index: the variant that served the request (a tessera deployment's X-Tessera-Variant
+  // response header), "" where the answer had none.
+  std::vector<std::string> variants;
   // From the server's Prometheus /metrics when it is a tessera server (null otherwise): KV blocks and
   // the prefix cache over the run (deltas of the counters scraped before and after).
   nlohmann::json server_metrics;

@@ -44,6 +44,7 @@ struct PipelineRun {
   int64_t prompt_token_mismatches = 0;
   int64_t usage_missing = 0;
   nlohmann::json server_metrics;  // from a tessera server's /metrics, else null
+  std::vector<std::string> variants;  // per request, the deployment variant that served it ("" = unknown)
   bool ok() const { return error.empty() || failed_stage == "accuracy"; }
 };
 
