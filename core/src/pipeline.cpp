@@ -87,8 +87,12 @@ std::shared_ptr<Backend> make_backend(const PipelineSpec& spec, const std::strin
 }
 
 // What decides a load's weights: the file as it is now (a replaced file loads anew), the backend
-// and its settings, the quantizer and its parameters. `auto` also depends on the cache type.
-std::string share_key(const PipelineSpec& spec, const PipelineOptions& options) {
+// and its settings, the quantizer and its parameters (defaults filled in, so that spelling one out
+// changes nothing). `auto` also depends on the cache type. The spec is validated already.
+std::string share_key(const PipelineSpec& spec, const PipelineOptions& options, const Registry& registry) {
+  auto params = [&](ComponentKind kind, const std::string& plugin, const nlohmann::json& given) {
+    return validate_params(registry.require(kind, plugin).params, given, plugin).json();
+  };
   std::error_code ec;
   const std::filesystem::path path = std::filesystem::canonical(spec.model, ec);
   const auto size = std::filesystem::file_size(spec.model, ec);
@@ -98,10 +102,12 @@ std::string share_key(const PipelineSpec& spec, const PipelineOptions& options) 
                         {"size", size},
                         {"mtime", mtime},
                         {"backend", spec.backend},
-                        {"backend_params", spec.backend_params},
+                        {"backend_params", spec.backend == "auto" ? spec.backend_params
+                                                                  : params(ComponentKind::backend, spec.backend,
+                                                                           spec.backend_params)},
                         {"threads", options.threads},
                         {"quantizer", q.plugin},
-                        {"quantizer_params", q.params}};
+                        {"quantizer_params", params(ComponentKind::quantizer, q.plugin, q.params)}};
   if (spec.backend == "auto") key["kv_dtype"] = dtype_name(spec.kv_dtype);
   return key.dump();
 }
@@ -170,7 +176,7 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     }
     return loaded;
   };
-  p->loaded_ = options.share != nullptr ? options.share->get(share_key(spec, options), load) : load();
+  p->loaded_ = options.share != nullptr ? options.share->get(share_key(spec, options, registry), load) : load();
   create(ComponentKind::attention, p->attention_);
   create(ComponentKind::cache, p->cache_);
   create(ComponentKind::scheduler, p->scheduler_);
@@ -182,9 +188,6 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     const std::string what = e.what();
     throw Error(what.rfind(spec.model, 0) == 0 ? what : spec.model + ": " + what);  // name the file once
   }
-  // A shared model may be running for another pipeline: what follows allocates on its backend and
-  // may run the model (a speculator's set-up).
-  std::lock_guard running(p->step_mutex());
   Model& model = p->model();
   Backend& backend = p->backend();
   check_tensor_patterns(spec.components.at(ComponentKind::quantizer), model.linear_names(), spec.model);
@@ -223,6 +226,9 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   p->max_sequence_tokens_ = cache_bound > 0 ? std::min(mc.context_length, cache_bound) : mc.context_length;
   if (Speculator* speculator = p->decoder_->speculator()) {
     const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
+    // Its set-up may run the model, which another pipeline sharing it may be running (allocation
+    // before this point is thread-safe on every backend).
+    std::lock_guard running(p->step_mutex());
     try {
       speculator->attach(SpeculationHost{registry, p->spec_, backend, p->loaded_->file, model, *p->cache_,
                                          *p->attention_, *p->tokenizer_});

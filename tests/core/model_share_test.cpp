@@ -33,8 +33,10 @@ std::unique_ptr<Pipeline> shared_pipeline(ModelShare& share, const std::string& 
 TEST(ModelShare, PipelinesOfOneFileAndQuantizerShareWeightsAndGenerateAsAlone) {
   ModelShare share;
   auto paged = shared_pipeline(share, test::kStoriesF32, {{"quantizer", {{"plugin", "int8"}}}});
+  // A default spelled out is the same quantizer.
   auto contiguous = shared_pipeline(share, test::kStoriesF32,
-                                    {{"quantizer", {{"plugin", "int8"}}}, {"cache", {{"plugin", "contiguous"}}}});
+                                    {{"quantizer", {{"plugin", "int8"}, {"keep_float", nlohmann::json::array()}}},
+                                     {"cache", {{"plugin", "contiguous"}}}});
   auto other_quantizer = shared_pipeline(share, test::kStoriesF32, {{"quantizer", {{"plugin", "none"}}}});
   EXPECT_TRUE(paged->shares_weights_with(*contiguous));
   EXPECT_EQ(&paged->model(), &contiguous->model());
