@@ -130,8 +130,13 @@ void Deployment::check_perplexity(ServedModel& m) {
   for (auto& v : m.variants) {
     const double delta = v->perplexity - stable.perplexity;
     std::ostringstream figures;
-    figures << "perplexity " << v->perplexity << " on " << spec.eval_text << " against the stable variant's "
-            << stable.perplexity << " (delta " << delta << ", max_perplexity_delta " << spec.max_perplexity_delta << ")";
+    figures << "perplexity " << v->perplexity << " on " << spec.eval_text;
+    if (v.get() == &stable) {
+      figures << " (the stable variant: canaries may be up to " << spec.max_perplexity_delta << " above)";
+    } else {
+      figures << " against the stable variant's " << stable.perplexity << " (delta " << delta
+              << ", max_perplexity_delta " << spec.max_perplexity_delta << ")";
+    }
     if (v.get() == &stable || !(delta > spec.max_perplexity_delta)) {
       std::cerr << "model '" << m.name << "' variant '" << v->name << "': " << figures.str() << "\n";
       continue;

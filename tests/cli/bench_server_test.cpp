@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "serve_test_util.h"
 
@@ -88,6 +89,43 @@ TEST(BenchServer, ServedPipelineMatchesTheInProcessOneOnTheSameTrace) {
   EXPECT_NE(rt["conditions"]["backend"].get<std::string>().find(url), std::string::npos);
   std::ifstream md(dir.path() + "/text/report.md");
   EXPECT_TRUE(md.good());
+}
+
+// Against a deployment with a canary, each request counts under the variant whose name came back in
+// X-Tessera-Variant: a per-variant table in the report (JSON and Markdown).
+TEST(BenchServer, ADeploymentsVariantsEachGetTheirOwnRow) {
+  test::TempDir dir;
+  test::serve_pipeline(dir, "", "stable.yaml");
+  dir.write("canary.yaml", "extends: stable.yaml\ncomponents:\n  cache: { plugin: contiguous }\n");
+  const std::string deploy = dir.write("deploy.yaml",
+                                       "models:\n"
+                                       "  - name: m\n"
+                                       "    variants: [{ name: stable, pipeline: stable.yaml, weight: 1 },\n"
+                                       "               { name: canary, pipeline: canary.yaml, weight: 1 }]\n");
+  test::ServerProcess server({"-d", deploy});
+  const std::string workload = dir.write("users.yaml",
+                                         "name: users\nrequests: 16\nseed: 3\narrival: { process: closed, concurrency: 4 }\n"
+                                         "users: { count: 16 }\nprompts: { source: vocabulary }\n"
+                                         "classes:\n  - { name: turn, weight: 1, prompt: [8, 16], output: 4 }\n");
+  const Output o = tessera_cmd("bench --server http://127.0.0.1:" + std::to_string(server.port()) + " --server-model m -m '" +
+                               test::kStoriesF32 + "' --workload '" + workload + "' --out '" + dir.path() +
+                               "/v' --probe-seconds 0.05 --no-accuracy -q");
+  ASSERT_EQ(o.status, 0) << o.text << server.log();
+  const json r = read_report(dir.path() + "/v");
+  const json& variants = r["pipelines"][0]["variants"];
+  ASSERT_TRUE(variants.contains("stable")) << variants.dump();
+  ASSERT_TRUE(variants.contains("canary")) << variants.dump();
+  EXPECT_EQ(variants.size(), 2u) << variants.dump();
+  EXPECT_EQ(variants["stable"]["count"].get<int>() + variants["canary"]["count"].get<int>(), 16);
+  for (const char* v : {"stable", "canary"}) {
+    EXPECT_EQ(variants[v]["errors"], 0);
+    EXPECT_GT(variants[v]["latency_ms"]["ttft"]["p50"].get<double>(), 0.0) << v;
+  }
+  std::ifstream md(dir.path() + "/v/report.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_NE(text.str().find("## Per variant"), std::string::npos);
+  EXPECT_NE(text.str().find("| canary |"), std::string::npos) << text.str();
 }
 
 TEST(BenchServer, UnreachableServerIsReportedWithExitStatusTwo) {

@@ -91,6 +91,14 @@ TEST_F(DeploymentSpecTest, MistakesNameTheLine) {
   }
 }
 
+TEST_F(DeploymentSpecTest, TheExampleDeploymentLoads) {
+  const DeploymentSpec d = load_deployment_spec(TESSERA_SOURCE_DIR "/examples/deploy.yaml");
+  ASSERT_EQ(d.models.size(), 2u);
+  EXPECT_EQ(d.models[1].variants.size(), 2u);
+  EXPECT_EQ(d.models[1].rollback.max_perplexity_delta, 0.5);
+  EXPECT_TRUE(std::filesystem::is_regular_file(d.models[1].rollback.eval_text)) << d.models[1].rollback.eval_text;
+}
+
 TEST_F(DeploymentSpecTest, APipelineIsAOneModelDeployment) {
   PipelineSpec p;
   p.path = "x.yaml";
