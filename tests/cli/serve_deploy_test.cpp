@@ -8,6 +8,7 @@
 #include <iostream>
 #include <thread>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -102,24 +103,39 @@ TEST(ServeDeploy, ModelsAnswerByNameAndVariantsSplitByWeightStickyPerUser) {
   EXPECT_EQ(variant_of(stream), landed["user1"]);
 }
 
-TEST(ServeDeploy, AFailingCanaryLosesItsTrafficAfterMinRequests) {
-  test::TempDir dir;
-  // The canary's decoder returns a token past the vocabulary: every request it serves fails (500).
-  test::TempDir plugins;
-  std::filesystem::copy_file(std::string(TESSERA_TEST_LIB_DIR) + "/libtestlib_broken_components.so",
-                             plugins.path() + "/libtessera_testlib_broken.so");
+// A server for model 'm' with variants `stable` and `canary` (weights as given, YAML numbers) whose
+// canary's decoder returns a token past the vocabulary (a test plugin): every request it serves fails
+// (500). The guard rolls it back after 5 requests at more than 20% errors.
+std::unique_ptr<ServerProcess> failing_canary_server(const test::TempDir& dir, const std::string& server_section,
+                                                     const std::string& stable_weight, const std::string& canary_weight) {
+  static const test::TempDir plugins;
+  const std::string lib = plugins.path() + "/libtessera_testlib_broken.so";
+  if (!std::filesystem::exists(lib)) {
+    std::filesystem::copy_file(std::string(TESSERA_TEST_LIB_DIR) + "/libtestlib_broken_components.so", lib);
+  }
   test::serve_pipeline(dir, "", "stable.yaml");
   dir.write("canary.yaml", "extends: stable.yaml\ncomponents:\n  decoder: { plugin: outside_vocabulary }\n");
-  const std::string deploy = dir.write("deploy.yaml",
-                                       "models:\n"
-                                       "  - name: m\n"
-                                       "    variants:\n"
-                                       "      - { name: stable, pipeline: stable.yaml }\n"
-                                       "      - { name: canary, pipeline: canary.yaml }\n"
-                                       "    rollback: { min_requests: 5, window: 60, max_error_rate: 0.2 }\n");
+  const std::string deploy = dir.write("deploy.yaml", server_section +
+                                                          "models:\n"
+                                                          "  - name: m\n"
+                                                          "    variants:\n"
+                                                          "      - { name: stable, pipeline: stable.yaml, weight: " +
+                                                          stable_weight +
+                                                          " }\n"
+                                                          "      - { name: canary, pipeline: canary.yaml, weight: " +
+                                                          canary_weight +
+                                                          " }\n"
+                                                          "    rollback: { min_requests: 5, window: 60, max_error_rate: 0.2 }\n");
   ::setenv("TESSERA_PLUGIN_PATH", plugins.path().c_str(), 1);
-  ServerProcess server({"-d", deploy});
+  auto server = std::make_unique<ServerProcess>(std::vector<std::string>{"-d", deploy});
   ::unsetenv("TESSERA_PLUGIN_PATH");
+  return server;
+}
+
+TEST(ServeDeploy, AFailingCanaryLosesItsTrafficAfterMinRequests) {
+  test::TempDir dir;
+  auto owned = failing_canary_server(dir, "", "1", "1");
+  ServerProcess& server = *owned;
   httplib::Client c = server.client();
   int canary = 0, failed = 0;
   for (int u = 0; u < 60; ++u) {
@@ -294,22 +310,8 @@ TEST(ServeDeploy, VariantsOfOneModelFileShareOneLoadOfItsWeights) {
 // reloads bring: no request is lost, none fails but the canary's own, and every KV block returns.
 TEST(ServeDeploy, SixtyFourClientsThroughReloadsAndAFailingCanaryLoseNothing) {
   test::TempDir dir;
-  test::TempDir plugins;
-  std::filesystem::copy_file(std::string(TESSERA_TEST_LIB_DIR) + "/libtestlib_broken_components.so",
-                             plugins.path() + "/libtessera_testlib_broken.so");
-  test::serve_pipeline(dir, "", "stable.yaml");
-  dir.write("canary.yaml", "extends: stable.yaml\ncomponents:\n  decoder: { plugin: outside_vocabulary }\n");
-  const std::string deploy = dir.write("deploy.yaml",
-                                       "server: { admin_key: k }\n"
-                                       "models:\n"
-                                       "  - name: m\n"
-                                       "    variants:\n"
-                                       "      - { name: stable, pipeline: stable.yaml, weight: 90 }\n"
-                                       "      - { name: canary, pipeline: canary.yaml, weight: 10 }\n"
-                                       "    rollback: { min_requests: 5, window: 60, max_error_rate: 0.2 }\n");
-  ::setenv("TESSERA_PLUGIN_PATH", plugins.path().c_str(), 1);
-  ServerProcess server({"-d", deploy});
-  ::unsetenv("TESSERA_PLUGIN_PATH");
+  auto owned = failing_canary_server(dir, "server: { admin_key: k }\n", "90", "10");
+  ServerProcess& server = *owned;
   constexpr int kClients = 64, kReloads = 4;
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, canary_errors{0}, lost{0}, other_errors{0};
