@@ -112,16 +112,21 @@ void ServingEngine::loop() {
     }
     std::vector<GenerationResult> finished = engine_.take_finished();
     const bool any = !finished.empty();
-    const CacheStats cache = pipeline_.cache().stats();
-    EngineStats stats = engine_.stats();
+    {
+      // Before the results go out: a client that reads /metrics once answered sees its request's
+      // KV blocks back, not the step before.
+      const CacheStats cache = pipeline_.cache().stats();
+      const EngineStats stats = engine_.stats();
+      std::lock_guard lock(mutex_);
+      snapshot_.cache = cache;
+      snapshot_.engine = stats;
+    }
     dispatch(std::move(finished));
     {
       std::lock_guard lock(mutex_);
       // EngineStats' running/waiting are as of the last step that had work; a step that only retires
       // cancelled requests leaves them stale. With nothing in flight the engine holds no sequence.
-      if (live_.empty()) stats.running = stats.waiting = 0;
-      snapshot_.cache = cache;
-      snapshot_.engine = stats;
+      if (live_.empty()) snapshot_.engine.running = snapshot_.engine.waiting = 0;
     }
     // Requests submitted but not yet seen by step() make it return false: go round again at once,
     // but never spin on a state that makes no progress.
