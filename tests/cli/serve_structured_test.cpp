@@ -292,7 +292,9 @@ TEST_F(ServeStructured, AutoToolChoiceReadsCallsAndLeavesTextAsContent) {
   body["stream"] = true;
   const test::StreamedResponse streamed = test::parse_stream(post(c, "/v1/chat/completions", body).get<std::string>());
   EXPECT_EQ(streamed.text, text["choices"][0]["message"]["content"]);
-  EXPECT_GT(streamed.chunks, 3u) << "text streams as it comes";
+  // How many chunks the text comes in depends on how far generation is ahead of the writer (on a
+  // loaded machine stories260K writes all 12 tokens before it wakes): that text is not held back is
+  // classify_output_start's test below.
 
   const json call_schema = json::parse(R"({"type": "object", "properties": {"name": {"const": "get_time"},
       "arguments": {"type": "object", "properties": {}, "additionalProperties": false}},
