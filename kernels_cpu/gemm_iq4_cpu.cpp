@@ -16,12 +16,15 @@ static_assert(block32::kRowsPerTile == kquant::kRowsPerTile);
 
 namespace {
 
-// The levels of 32 nibbles (elements in order, see block32::nibbles) times x, as int32 lanes of
-// int16 pairs' sums: signed by signed through vpmaddubsw's unsigned first operand.
-__attribute__((target("avx2,fma,f16c"))) inline __m256i level_pairs(const uint8_t* qs, __m256i x) {
+// The levels of 32 nibbles (elements in order, see block32::nibbles) as int8.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i levels(const uint8_t* qs) {
   const __m256i table =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
-  const __m256i v = _mm256_shuffle_epi8(table, block32::nibbles(qs));
+  return _mm256_shuffle_epi8(table, block32::nibbles(qs));
+}
+
+// Levels v times x as int16 pairs' sums: signed by signed through vpmaddubsw's unsigned first operand.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i signed_pairs(__m256i v, __m256i x) {
   return _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v));
 }
 
@@ -30,8 +33,20 @@ struct IQ4NL {
   static constexpr int64_t kBytes = 18;
   __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* blk, __m256i x, int32_t, float dx,
                                                                    __m256& acc) {
-    const __m256i isum = _mm256_madd_epi16(level_pairs(blk + 2, x), _mm256_set1_epi16(1));
+    const __m256i isum = _mm256_madd_epi16(signed_pairs(levels(blk + 2), x), _mm256_set1_epi16(1));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(block32::load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+  // Prefill: the levels looked up once per tile (stored as int8 bits), the same integer pairs.
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, block32::Unpacked& u) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q), levels(blk + 2));
+    u.d = block32::load_fp16(blk);
+    u.m = 0;
+  }
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_unpacked(const block32::Unpacked& u, __m256i x,
+                                                                            int32_t, float dx, __m256& acc) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q));
+    const __m256i isum = _mm256_madd_epi16(signed_pairs(v, x), _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * dx), _mm256_cvtepi32_ps(isum), acc);
   }
 };
 
@@ -55,9 +70,29 @@ struct IQ4XS {
       const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((high >> (2 * j)) & 3) << 4);
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * j));
       // Pairs <= 32258 times |ls - 32| <= 32, twice: inside int32.
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(level_pairs(blk + 8 + 16 * j, x), _mm256_set1_epi16(short(ls - 32))));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(signed_pairs(levels(blk + 8 + 16 * j), x),
+                                                      _mm256_set1_epi16(short(ls - 32))));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(kquant::load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+  }
+
+  // Prefill (gemm_kquant_cpu.h): the levels as int8 bits, each 32-element chunk's scale ls - 32 and
+  // mins zero (so the shifted bias subtracts nothing): accumulate_row's integer sums and float steps.
+  static constexpr int kBiasShift = 1;
+  static constexpr bool kSignedQuants = true;
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, kquant::Unpacked& u) {
+    uint16_t high;
+    std::memcpy(&high, blk + 2, 2);
+    int16_t piece[kquant::kSuper / kquant::kPiece];
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((high >> (2 * j)) & 3) << 4);
+      piece[2 * j] = piece[2 * j + 1] = int16_t(ls - 32);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 32 * j), levels(blk + 8 + 16 * j));
+    }
+    kquant::spread_scales(piece, u);
+    for (auto& mn : u.mn) mn = 0;
+    u.d = kquant::load_fp16(blk);
+    u.dmin = 0;
   }
 };
 

@@ -101,10 +101,10 @@ __attribute__((target("avx2,fma,f16c"))) inline void scales_mins_k4(const uint8_
 // accumulate and the float steps the same, so a row of a batch keeps the bits of that row alone.
 constexpr int64_t kBufferRows = 4;
 
-// One row's super-block as Format::unpack leaves it: the quants unsigned in element order; per
-// 32-element chunk its pieces' scales as vpmaddubsw's 16 sums take them (8 x the first piece's, 8
-// x the second's); per piece the term taken off: the min (kBiasShift 0: d·Σ sc·Σq·x - dmin·Σ mn·S)
-// or the scale (kBiasShift s: d·(Σ sc·Σq·x - 2^s·Σ mn·S)).
+// One row's super-block as Format::unpack leaves it: the quants in element order (unsigned, or int8
+// where the format says kSignedQuants); per 32-element chunk its pieces' scales as vpmaddubsw's 16
+// sums take them (8 x the first piece's, 8 x the second's); per piece the term taken off: the min
+// (kBiasShift 0: d·Σ sc·Σq·x - dmin·Σ mn·S) or the scale (kBiasShift s: d·(Σ sc·Σq·x - 2^s·Σ mn·S)).
 struct Unpacked {
   uint8_t q[kSuper];
   int16_t sc[kSuper / 32][16];
@@ -124,8 +124,14 @@ inline void spread_scales(const int16_t* piece, Unpacked& u) {
   }
 }
 
+// Formats whose unpacked quants are signed int8 (IQ4_XS's levels) say kSignedQuants.
+template <class F, class = void>
+struct SignedQuants : std::false_type {};
+template <class F>
+struct SignedQuants<F, std::void_t<decltype(F::kSignedQuants)>> : std::bool_constant<F::kSignedQuants> {};
+
 // acc += one super-block of x against u, as Format::accumulate adds it.
-template <int kBiasShift>
+template <int kBiasShift, bool kSigned = false>
 __attribute__((target("avx2,fma,f16c"))) inline void accumulate_unpacked(const Unpacked& u, const int8_t* xq,
                                                                        const int16_t* sums, float dx, __m256& acc) {
   __m256i isum = _mm256_setzero_si256();
@@ -134,7 +140,10 @@ __attribute__((target("avx2,fma,f16c"))) inline void accumulate_unpacked(const U
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.q + 32 * c));
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
     const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.sc[c]));
-    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
+    // Signed quants: |q| by x carrying q's sign, vpmaddubsw's first operand being unsigned.
+    const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
+                                  : _mm256_maddubs_epi16(q, x);
+    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, sc));
   }
   const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u.mn)),
                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
@@ -194,7 +203,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq
             const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
             const float dx = xq.d[size_t(i * supers + b)];
             for (int64_t r = 0; r < rows; ++r) {
-              accumulate_unpacked<Format::kBiasShift>(buf[size_t(b * kRowsPerTile + r)], x, sums, dx, acc[r]);
+              accumulate_unpacked<Format::kBiasShift, SignedQuants<Format>::value>(buf[size_t(b * kRowsPerTile + r)], x, sums, dx, acc[r]);
             }
           }
           for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);
