@@ -20,14 +20,8 @@ struct IqGrid {
                                     : T == DType::IQ3_XXS ? 98
                                                           : 110;
 
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
-                                                                   const int16_t*, float dx, __m256* accs) {
-    for (int r = 0; r < kRows; ++r) accumulate_row(blks[r], xq, dx, accs[r]);
-  }
-
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq, float dx,
-                                                                       __m256& acc) {
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
+                                                                       const int16_t*, float dx, __m256& acc) {
     // Byte k of the mask takes bit k % 8 of sign byte k / 8 (the broadcast's bytes 0-1 in the low
     // lane, 2-3 in the high one).
     const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,

@@ -5,9 +5,9 @@
 //   Q4_K  Σ (d·sc_j·q - dmin·m_j)·x  =  dx·(d·Σ_j sc_j·Σ q·xq  -  dmin·Σ_j m_j·Σ xq)
 //   Q6_K  Σ d·sc_j·(q - 32)·x        =  dx·d·(Σ_j sc_j·Σ q·xq  -  32·Σ_j sc_j·Σ xq)
 // vpmaddubsw multiplies the unsigned quants by the int8 activations, vpmaddwd applies the scales,
-// and one float multiply-add per super-block and row remains. Weight rows go four at a time,
-// super-block by super-block, against an activation block that stays in L1; every row of x sees
-// the same arithmetic in the same order, so decode, prefill and verification agree to the bit.
+// and one float multiply-add per super-block and row remains. Weight rows go a tile of four at a
+// time, super-block by super-block, against an activation block that stays in L1; every row of x
+// sees the same arithmetic in the same order, so decode, prefill and verification agree to the bit.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,46 +40,34 @@ struct Q4K {
     }
   }
 
-  // acc[r] (8 lanes) += d·dx·Σ_j sc_j·Σ q·xq  -  dmin·dx·Σ_j m_j·Σ xq over one super-block of each of
-  // kRows rows (blk[r]), which share the activation loads.
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blk, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256* acc) {
-    // Each row's scales as int16 in both halves; chunk c broadcasts entries 2c and 2c+1 with a byte
-    // shuffle.
-    __m256i sc16[kRows], isum[kRows];
-    __m128i mn8[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      __m128i sc8;
-      scales_mins_k4(blk[r] + 4, sc8, mn8[r]);
-      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-      isum[r] = _mm256_setzero_si256();
-    }
+  // acc (8 lanes) += d·dx·Σ_j sc_j·Σ q·xq  -  dmin·dx·Σ_j m_j·Σ xq over one super-block.
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
+                                                                       const int16_t* sums, float dx, __m256& acc) {
+    // The scales as int16 in both halves; chunk c broadcasts entries 2c and 2c+1 with a byte shuffle.
+    __m128i sc8, mn8;
+    scales_mins_k4(blk + 4, sc8, mn8);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
     const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c + 32));
       const __m256i pick0 = _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c)));
       const __m256i pick1 = _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c + 1)));
-      for (int r = 0; r < kRows; ++r) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16 + 32 * c));
-        // Pairs q·x are at most 2·15·127 = 3810; times a scale < 64, twice, far inside int32.
-        const __m256i p0 =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0), _mm256_shuffle_epi8(sc16[r], pick0));
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1),
-                                             _mm256_shuffle_epi8(sc16[r], pick1));
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
-      }
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+      // Pairs q·x are at most 2·15·127 = 3810; times a scale < 64, twice, far inside int32.
+      const __m256i p0 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, low), x0), _mm256_shuffle_epi8(sc16, pick0));
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x1),
+                                           _mm256_shuffle_epi8(sc16, pick1));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
     }
-    const __m256i piece_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums));
-    for (int r = 0; r < kRows; ++r) {
-      // Each min twice, against the sums of the two 16-element halves of its sub-block.
-      const __m128i m16 = _mm_cvtepu8_epi16(mn8[r]);
-      const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
-      const __m256i msum = _mm256_madd_epi16(mins, piece_sums);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk[r]) * dx), _mm256_cvtepi32_ps(isum[r]), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk[r] + 2) * dx), _mm256_cvtepi32_ps(msum), acc[r]);
-    }
+    // Each min twice, against the sums of the two 16-element halves of its sub-block.
+    const __m128i m16 = _mm_cvtepu8_epi16(mn8);
+    const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
+    const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+    acc = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_cvtepi32_ps(msum), acc);
   }
 };
 
@@ -110,12 +98,6 @@ struct Q6K {
                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45))};
       for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * i), q[i]);
     }
-  }
-
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256* accs) {
-    for (int r = 0; r < kRows; ++r) accumulate_row(blks[r], xq, sums, dx, accs[r]);
   }
 
   __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,

@@ -49,12 +49,6 @@ struct Q2K {
     }
   }
 
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256* accs) {
-    for (int r = 0; r < kRows; ++r) accumulate_row(blks[r], xq, sums, dx, accs[r]);
-  }
-
   __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
                                                                        const int16_t* sums, float dx, __m256& acc) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
@@ -104,12 +98,6 @@ struct Q3K {
                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two), high));
       }
     }
-  }
-
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blks, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256* accs) {
-    for (int r = 0; r < kRows; ++r) accumulate_row(blks[r], xq, sums, dx, accs[r]);
   }
 
   // The sixteen scales less 32, as int8: low 4 bits of 0-7 in bytes 0-7's low nibbles, of 8-15 in
@@ -174,45 +162,35 @@ struct Q5K {
     }
   }
 
-  template <int kRows>
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate(const uint8_t* const* blk, const int8_t* xq,
-                                                                   const int16_t* sums, float dx, __m256* acc) {
-    __m256i sc16[kRows], isum[kRows], qh[kRows];
-    __m128i mn8[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      __m128i sc8;
-      scales_mins_k4(blk[r] + 4, sc8, mn8[r]);
-      sc16[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-      isum[r] = _mm256_setzero_si256();
-      qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16));
-    }
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
+                                                                       const int16_t* sums, float dx, __m256& acc) {
+    __m128i sc8, mn8;
+    scales_mins_k4(blk + 4, sc8, mn8);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
     const __m256i low = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+    __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * c + 32));
       const __m256i pick0 = _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c)));
       const __m256i pick1 = _mm256_set1_epi16(short(0x0100 + 0x0202 * (2 * c + 1)));
       const __m256i bit0 = _mm256_set1_epi8(char(1 << (2 * c))), bit1 = _mm256_set1_epi8(char(2 << (2 * c)));
-      for (int r = 0; r < kRows; ++r) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 48 + 32 * c));
-        const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[r], bit0), bit0), sixteen);
-        const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[r], bit1), bit1), sixteen);
-        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(q, low), h0);
-        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), h1);
-        // Pairs q·x are at most 2·31·127 = 7874; times a scale < 64, twice, far inside int32.
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, x0), _mm256_shuffle_epi8(sc16[r], pick0));
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, x1), _mm256_shuffle_epi8(sc16[r], pick1));
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
-      }
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * c));
+      const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit0), bit0), sixteen);
+      const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit1), bit1), sixteen);
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(q, low), h0);
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), h1);
+      // Pairs q·x are at most 2·31·127 = 7874; times a scale < 64, twice, far inside int32.
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, x0), _mm256_shuffle_epi8(sc16, pick0));
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, x1), _mm256_shuffle_epi8(sc16, pick1));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
     }
-    const __m256i piece_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums));
-    for (int r = 0; r < kRows; ++r) {
-      const __m128i m16 = _mm_cvtepu8_epi16(mn8[r]);
-      const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
-      const __m256i msum = _mm256_madd_epi16(mins, piece_sums);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk[r]) * dx), _mm256_cvtepi32_ps(isum[r]), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk[r] + 2) * dx), _mm256_cvtepi32_ps(msum), acc[r]);
-    }
+    const __m128i m16 = _mm_cvtepu8_epi16(mn8);
+    const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
+    const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+    acc = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_cvtepi32_ps(msum), acc);
   }
 };
 

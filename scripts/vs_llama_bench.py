@@ -9,6 +9,9 @@ prompt: llama-bench -p 128; Tessera 128 / TTFT) and decode (64 tokens: llama-ben
 
   scripts/vs_llama_bench.py --llama-bench /tmp/llama.cpp/build/bin/llama-bench \
       --tessera build/bin/tessera --threads 2 --pairs 4 /tmp/110m-q4_k.gguf ...
+
+With --pipeline and --tessera-model, Tessera runs that pipeline on that file instead (a pipeline
+that quantizes at load, e.g. pipelines/int4.yaml on an f32 file, against llama.cpp on a Q4_0 one).
 """
 import argparse
 import json
@@ -32,7 +35,7 @@ def llama(args, model):
 
 def tessera(args, model):
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([args.tessera, "bench", "--pipelines", os.path.join(ROOT, "pipelines/gguf.yaml"), "-m", model,
+        subprocess.run([args.tessera, "bench", "--pipelines", args.pipeline, "-m", args.tessera_model or model,
                         "--workload", os.path.join(ROOT, "configs/workloads/single_stream.yaml"), "--out", out,
                         "--threads", str(args.threads), "--no-accuracy", "-q"],
                        check=True, capture_output=True, text=True)
@@ -48,6 +51,8 @@ def main():
     ap.add_argument("--tessera", default=os.path.join(ROOT, "build/bin/tessera"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--pipeline", default=os.path.join(ROOT, "pipelines/gguf.yaml"))
+    ap.add_argument("--tessera-model", help="the file Tessera runs (default: each file llama.cpp runs)")
     ap.add_argument("models", nargs="+")
     args = ap.parse_args()
     print("| file | MB | decode tok/s (llama.cpp) | x llama.cpp decode | prefill tok/s (llama.cpp) | x llama.cpp prefill |")
