@@ -61,6 +61,11 @@ const std::vector<Scheme>& schemes() {
       {"gguf-q5_1", "gguf", nlohmann::json::object(), DType::Q5_1},
       {"gguf-iq4_nl", "gguf", nlohmann::json::object(), DType::IQ4_NL},
       {"gguf-iq4_xs", "gguf", nlohmann::json::object(), DType::IQ4_XS},
+      {"gguf-iq2_xxs", "gguf", nlohmann::json::object(), DType::IQ2_XXS},
+      {"gguf-iq2_xs", "gguf", nlohmann::json::object(), DType::IQ2_XS},
+      {"gguf-iq2_s", "gguf", nlohmann::json::object(), DType::IQ2_S},
+      {"gguf-iq3_xxs", "gguf", nlohmann::json::object(), DType::IQ3_XXS},
+      {"gguf-iq3_s", "gguf", nlohmann::json::object(), DType::IQ3_S},
   };
   return s;
 }
@@ -190,7 +195,7 @@ void BM_GemvStream(benchmark::State& state) {
 }
 BENCHMARK(BM_GemvStream)
     ->ArgsProduct({benchmark::CreateDenseRange(0, 7, 1), {2048}, {768}, {1}})
-    ->ArgsProduct({benchmark::CreateDenseRange(11, 18, 1), {2048}, {768}, {1}})  // the other GGUF formats
+    ->ArgsProduct({benchmark::CreateDenseRange(11, 23, 1), {2048}, {768}, {1}})  // the other GGUF formats
     ->ArgsProduct({{0, 2, 3}, {16384}, {2048}, {1}})
     ->ArgsProduct({{2, 3, 4}, {2048}, {768}, {4, 16}})
     ->Unit(benchmark::kMillisecond)
@@ -236,7 +241,7 @@ BENCHMARK(BM_GemvStreamVs)
     ->Args({2, 10, 2048, 768})   // int8 against int4 asymmetric (pipelines/int8.yaml, int4.yaml)
     // Q4_0 (packed bands) against each other GGUF type (packed tiles): b_share is b's weight read
     // rate over the probe's, the type's share of the decode roofline.
-    ->ArgsProduct({{5}, {4, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18}, {2048}, {768}})
+    ->ArgsProduct({{5}, {4, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}, {2048}, {768}})
     ->Iterations(30)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -227,7 +227,8 @@ void prepare_weight(WeightView& w) {
   if (w.dtype == DType::F32) prepare_weight_f32(w);
   if (w.dtype == DType::I8) prepare_weight_i8(w);
   if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) prepare_weight_blocks(w);
-  if (gemm_kquant_supports(w) || gemm_kquant_more_supports(w) || gemm_block32_supports(w) || gemm_iq4_supports(w)) {
+  if (gemm_kquant_supports(w) || gemm_kquant_more_supports(w) || gemm_block32_supports(w) || gemm_iq4_supports(w) ||
+      gemm_iq23_supports(w)) {
     prepare_weight_quant_tiles(w);
   }
   if (w.dtype == DType::I4) prepare_weight_i4(w);
