@@ -203,7 +203,8 @@ __attribute__((target("avx2,fma,f16c"))) inline void gemm_rows(const KQuantX& xq
             const int16_t* sums = xq.sums.data() + (i * supers + b) * (kSuper / kPiece);
             const float dx = xq.d[size_t(i * supers + b)];
             for (int64_t r = 0; r < rows; ++r) {
-              accumulate_unpacked<Format::kBiasShift, SignedQuants<Format>::value>(buf[size_t(b * kRowsPerTile + r)], x, sums, dx, acc[r]);
+              accumulate_unpacked<Format::kBiasShift, SignedQuants<Format>::value>(buf[size_t(b * kRowsPerTile + r)], x,
+                                                                                   sums, dx, acc[r]);
             }
           }
           for (int64_t r = 0; r < rows; ++r) y[i * n + j + r] = hsum(acc[r]);

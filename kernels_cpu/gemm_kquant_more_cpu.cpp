@@ -73,6 +73,13 @@ struct Q2K {
   }
 };
 
+// Bit n (< 8) of each byte of hmask as 4 (its bit 2) or 0. A 16-bit shift by at most 5 brings each
+// byte's own bit n to bit 2: the mask drops what crosses from the neighbouring byte.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i high_bit(__m256i hmask, int n) {
+  const __m256i moved = n >= 2 ? _mm256_srli_epi16(hmask, n - 2) : _mm256_slli_epi16(hmask, 2 - n);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(4));
+}
+
 // Q3_K: 110 bytes — 32 bytes of high bits (element 128h + 32s + l: bit 4h + s of byte l), 64 bytes
 // of 2-bit quants (as Q2_K), 12 bytes of 6-bit scales, fp16 d.
 struct Q3K {
@@ -87,15 +94,14 @@ struct Q3K {
     spread_scales(u.mn, u);
     u.d = load_fp16(blk + 108);
     u.dmin = 0;
-    const __m256i two = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i two = _mm256_set1_epi8(3);
     const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
     for (int h = 0; h < 2; ++h) {
       const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * h));
       for (int s = 0; s < 4; ++s) {
-        const __m256i bit = _mm256_set1_epi8(char(1 << (4 * h + s)));
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(u.q + 128 * h + 32 * s),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two), high));
+                            _mm256_or_si256(low, high_bit(hmask, 4 * h + s)));
       }
     }
   }
@@ -117,15 +123,16 @@ struct Q3K {
                                                                        const int16_t* sums, float dx, __m256& acc) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(scales(blk + 96));
     const HalfScales halves(sc16);
-    const __m256i two = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i two = _mm256_set1_epi8(3);
     const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * h));
       for (int s = 0; s < 4; ++s) {
-        const __m256i bit = _mm256_set1_epi8(char(1 << (4 * h + s)));
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
-        const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two), high);
+        // One shift and an and (an and, a compare and an and took 25% longer streaming 2048x768
+        // GEMVs from memory, 2 threads, both timed in turn in one process).
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), two);
+        const __m256i q = _mm256_or_si256(low, high_bit(hmask, 4 * h + s));
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * s));
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), halves.quarter(h, s)));
       }
