@@ -47,6 +47,27 @@ struct IqGrid {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(kquant::load_fp16(blk) * iq_scale_factor(T) * dx), _mm256_cvtepi32_ps(isum),
                           acc);
   }
+
+  // Prefill (gemm_kquant_cpu.h): the signed values g·s as int8 (no magnitude is 0, so |q| and x
+  // carrying q's sign are accumulate_row's operands), each 16's scale, mins zero (the shifted bias
+  // subtracts nothing), d·f: accumulate_row's integer sums and float steps.
+  static constexpr int kBiasShift = 1;
+  static constexpr bool kSignedQuants = true;
+  static void unpack(const uint8_t* blk, kquant::Unpacked& u) {
+    int16_t piece[kquant::kSuper / kquant::kPiece];
+    for (int g = 0; g < 32; ++g) {
+      const IqGroup q = iq_group(T, blk, g);
+      for (int i = 0; i < 8; ++i) {
+        const int v = int((q.mags >> (8 * i)) & 0xff);
+        u.q[8 * g + i] = uint8_t(int8_t((q.signs >> i) & 1 ? -v : v));
+      }
+      if (g % 2 == 0) piece[g / 2] = int16_t(q.scale);
+    }
+    kquant::spread_scales(piece, u);
+    for (auto& mn : u.mn) mn = 0;
+    u.d = kquant::load_fp16(blk) * iq_scale_factor(T);
+    u.dmin = 0;
+  }
 };
 
 }  // namespace

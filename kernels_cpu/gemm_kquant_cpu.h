@@ -1,8 +1,9 @@
 // The super-block GEMM shared by the k-quant kernels (gemm_kquant_cpu.cpp: Q4_K, Q6_K;
-// gemm_kquant_more_cpu.cpp: Q2_K, Q3_K, Q5_K; gemm_iq4_cpu.cpp: IQ4_XS): activations quantized to
-// int8 per super-block of 256 with the sums of their 16-element pieces (KQuantX), and the walk over
-// four-row tiles and threads; a format supplies kBytes and accumulate_row(block, xq, sums, dx, acc),
-// adding one super-block of a row's dot to its 8 float lanes. Compiled as C++17.
+// gemm_kquant_more_cpu.cpp: Q2_K, Q3_K, Q5_K; gemm_iq4_cpu.cpp: IQ4_XS; gemm_iq23_cpu.cpp: IQ2_XXS,
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): activations quantized to int8 per super-block of 256 with the sums
+// of their 16-element pieces (KQuantX), and the walk over four-row tiles and threads; a format
+// supplies kBytes and accumulate_row(block, xq, sums, dx, acc), adding one super-block of a row's dot
+// to its 8 float lanes. Compiled as C++17.
 #pragma once
 
 #include <immintrin.h>
