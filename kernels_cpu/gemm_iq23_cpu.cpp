@@ -20,6 +20,22 @@ struct IqGrid {
                                     : T == DType::IQ3_XXS ? 98
                                                           : 110;
 
+  // IQ3_S's elements 32·ib..: iq_group's magnitudes, signs (group l's in byte l) and scale for its
+  // four groups, the eight 9-bit indices built in one register (their ninth bits are byte 66 + ib's)
+  // and looked up with one gather. 45% faster streaming 2048x768 GEMVs from memory than four
+  // iq_group calls (2 threads, both timed in turn in one process); for the IQ2 types' 64-bit entries
+  // a gather was 14-37% slower, for IQ3_XXS (whose indices are plain bytes) no faster.
+  __attribute__((target("avx2,fma,f16c"))) static void iq3_s_chunk(const uint8_t* blk, int ib, __m256i& mags,
+                                                                   uint32_t& signs, int& scale) {
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * ib)));
+    const __m256i high = _mm256_and_si256(
+        _mm256_sllv_epi32(_mm256_set1_epi32(blk[66 + ib]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+        _mm256_set1_epi32(256));
+    mags = _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIq3SGrid), _mm256_or_si256(low, high), 4);
+    std::memcpy(&signs, blk + 74 + 4 * ib, 4);
+    scale = 2 * ((blk[106 + ib / 2] >> (4 * (ib % 2))) & 15) + 1;
+  }
+
   __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
                                                                        const int16_t*, float dx, __m256& acc) {
     // Byte k of the mask takes bit k % 8 of sign byte k / 8 (the broadcast's bytes 0-1 in the low
@@ -30,18 +46,27 @@ struct IqGrid {
     const __m256i one = _mm256_set1_epi8(1);
     __m256i isum = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {
-      const IqGroup g0 = iq_group(T, blk, 4 * ib), g1 = iq_group(T, blk, 4 * ib + 1);
-      const IqGroup g2 = iq_group(T, blk, 4 * ib + 2), g3 = iq_group(T, blk, 4 * ib + 3);
-      const __m256i mags = _mm256_setr_epi64x(int64_t(g0.mags), int64_t(g1.mags), int64_t(g2.mags), int64_t(g3.mags));
-      const uint32_t signs = uint32_t(g0.signs) | uint32_t(g1.signs) << 8 | uint32_t(g2.signs) << 16 |
-                             uint32_t(g3.signs) << 24;
+      __m256i mags;
+      uint32_t signs;
+      int scale_lo, scale_hi;  // of elements 0-15 and 16-31
+      if constexpr (T == DType::IQ3_S) {
+        iq3_s_chunk(blk, ib, mags, signs, scale_lo);
+        scale_hi = scale_lo;
+      } else {
+        const IqGroup g0 = iq_group(T, blk, 4 * ib), g1 = iq_group(T, blk, 4 * ib + 1);
+        const IqGroup g2 = iq_group(T, blk, 4 * ib + 2), g3 = iq_group(T, blk, 4 * ib + 3);
+        mags = _mm256_setr_epi64x(int64_t(g0.mags), int64_t(g1.mags), int64_t(g2.mags), int64_t(g3.mags));
+        signs = uint32_t(g0.signs) | uint32_t(g1.signs) << 8 | uint32_t(g2.signs) << 16 | uint32_t(g3.signs) << 24;
+        scale_lo = g0.scale;
+        scale_hi = g2.scale;
+      }
       const __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), pick), bit);
       const __m256i neg = _mm256_cmpeq_epi8(spread, bit);  // -1 where negative, else 0
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * ib));
       const __m256i pairs = _mm256_maddubs_epi16(mags, _mm256_sign_epi8(x, _mm256_or_si256(neg, one)));
       // Elements 0-15 (the low lane's pairs) take groups 0-1's scale, 16-31 groups 2-3's (equal for
       // the formats with one scale per 32).
-      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(short(g2.scale)), _mm_set1_epi16(short(g0.scale)));
+      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(short(scale_hi)), _mm_set1_epi16(short(scale_lo)));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, sc));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(kquant::load_fp16(blk) * iq_scale_factor(T) * dx), _mm256_cvtepi32_ps(isum),
