@@ -55,11 +55,14 @@ struct RooflineCase {
 constexpr RooflineCase kCases[] = {
     {"baseline.yaml", DType::F32}, {"int8.yaml", DType::F32}, {"int4.yaml", DType::F32},
     {"gguf.yaml", DType::Q8_0},    {"gguf.yaml", DType::Q4_0},
-    // The other GGUF types (indices 5-14), each the synthetic 110m written whole in that type.
+    // The other GGUF types (indices 5-19), each the synthetic 110m written whole in that type.
     {"gguf.yaml", DType::Q4_1},    {"gguf.yaml", DType::Q5_0},   {"gguf.yaml", DType::Q5_1},
     {"gguf.yaml", DType::Q2_K},    {"gguf.yaml", DType::Q3_K},   {"gguf.yaml", DType::Q4_K},
     {"gguf.yaml", DType::Q5_K},    {"gguf.yaml", DType::Q6_K},   {"gguf.yaml", DType::IQ4_NL},
     {"gguf.yaml", DType::IQ4_XS},
+    // The codebook types (indices 15-19): their files take minutes to write the first time.
+    {"gguf.yaml", DType::IQ2_XXS},   {"gguf.yaml", DType::IQ2_XS}, {"gguf.yaml", DType::IQ2_S},
+    {"gguf.yaml", DType::IQ3_XXS},   {"gguf.yaml", DType::IQ3_S},
 };
 
 std::string model_for(DType weights) {
@@ -212,7 +215,7 @@ void BM_DecodeRoofline(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeRoofline)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {12}})
-    ->ArgsProduct({benchmark::CreateDenseRange(5, 14, 1), {6}})  // every other GGUF type, side by side
+    ->ArgsProduct({benchmark::CreateDenseRange(5, 19, 1), {6}})  // every other GGUF type, side by side
     ->Iterations(1)
     ->Unit(benchmark::kSecond);
 
