@@ -36,38 +36,49 @@ struct IqGrid {
     scale = 2 * ((blk[106 + ib / 2] >> (4 * (ib % 2))) & 15) + 1;
   }
 
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
-                                                                       const int16_t*, float dx, __m256& acc) {
+  // Elements 32·ib.. of a super-block against x: Σ (2l+1)·Σ g·s·xq as int32 lanes.
+  __attribute__((target("avx2,fma,f16c"), always_inline)) static inline __m256i chunk_sum(const uint8_t* blk,
+                                                                                        const int8_t* xq, int ib) {
     // Byte k of the mask takes bit k % 8 of sign byte k / 8 (the broadcast's bytes 0-1 in the low
     // lane, 2-3 in the high one).
     const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                           3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
-    const __m256i one = _mm256_set1_epi8(1);
+    __m256i mags;
+    uint32_t signs;
+    int scale_lo, scale_hi;  // of elements 0-15 and 16-31
+    if constexpr (T == DType::IQ3_S) {
+      iq3_s_chunk(blk, ib, mags, signs, scale_lo);
+      scale_hi = scale_lo;
+    } else {
+      const IqGroup g0 = iq_group(T, blk, 4 * ib), g1 = iq_group(T, blk, 4 * ib + 1);
+      const IqGroup g2 = iq_group(T, blk, 4 * ib + 2), g3 = iq_group(T, blk, 4 * ib + 3);
+      mags = _mm256_setr_epi64x(int64_t(g0.mags), int64_t(g1.mags), int64_t(g2.mags), int64_t(g3.mags));
+      signs = uint32_t(g0.signs) | uint32_t(g1.signs) << 8 | uint32_t(g2.signs) << 16 | uint32_t(g3.signs) << 24;
+      scale_lo = g0.scale;
+      scale_hi = g2.scale;
+    }
+    const __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), pick), bit);
+    const __m256i neg = _mm256_cmpeq_epi8(spread, bit);  // -1 where negative, else 0
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * ib));
+    const __m256i pairs = _mm256_maddubs_epi16(mags, _mm256_sign_epi8(x, _mm256_or_si256(neg, _mm256_set1_epi8(1))));
+    // Elements 0-15 (the low lane's pairs) take groups 0-1's scale, 16-31 groups 2-3's (equal for
+    // the formats with one scale per 32).
+    const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(short(scale_hi)), _mm_set1_epi16(short(scale_lo)));
+    return _mm256_madd_epi16(pairs, sc);
+  }
+
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
+                                                                       const int16_t*, float dx, __m256& acc) {
     __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      __m256i mags;
-      uint32_t signs;
-      int scale_lo, scale_hi;  // of elements 0-15 and 16-31
-      if constexpr (T == DType::IQ3_S) {
-        iq3_s_chunk(blk, ib, mags, signs, scale_lo);
-        scale_hi = scale_lo;
-      } else {
-        const IqGroup g0 = iq_group(T, blk, 4 * ib), g1 = iq_group(T, blk, 4 * ib + 1);
-        const IqGroup g2 = iq_group(T, blk, 4 * ib + 2), g3 = iq_group(T, blk, 4 * ib + 3);
-        mags = _mm256_setr_epi64x(int64_t(g0.mags), int64_t(g1.mags), int64_t(g2.mags), int64_t(g3.mags));
-        signs = uint32_t(g0.signs) | uint32_t(g1.signs) << 8 | uint32_t(g2.signs) << 16 | uint32_t(g3.signs) << 24;
-        scale_lo = g0.scale;
-        scale_hi = g2.scale;
-      }
-      const __m256i spread = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int(signs)), pick), bit);
-      const __m256i neg = _mm256_cmpeq_epi8(spread, bit);  // -1 where negative, else 0
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * ib));
-      const __m256i pairs = _mm256_maddubs_epi16(mags, _mm256_sign_epi8(x, _mm256_or_si256(neg, one)));
-      // Elements 0-15 (the low lane's pairs) take groups 0-1's scale, 16-31 groups 2-3's (equal for
-      // the formats with one scale per 32).
-      const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(short(scale_hi)), _mm_set1_epi16(short(scale_lo)));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, sc));
+    if constexpr (T == DType::IQ2_XS) {
+      for (int ib = 0; ib < 8; ++ib) isum = _mm256_add_epi32(isum, chunk_sum(blk, xq, ib));
+    } else {
+      // Unrolled, each chunk's group indices and fields are constants: IQ2_XXS 38%, IQ2_S 60% and
+      // IQ3_XXS 40% faster streaming 2048x768 GEMVs from memory, IQ3_S the same, IQ2_XS 48% slower
+      // (2 threads, both ways timed in turn in one process).
+#pragma GCC unroll 8
+      for (int ib = 0; ib < 8; ++ib) isum = _mm256_add_epi32(isum, chunk_sum(blk, xq, ib));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(kquant::load_fp16(blk) * iq_scale_factor(T) * dx), _mm256_cvtepi32_ps(isum),
                           acc);
