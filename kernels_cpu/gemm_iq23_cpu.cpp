@@ -89,7 +89,7 @@ struct IqGrid {
   // subtracts nothing), d·f: accumulate_row's integer sums and float steps.
   static constexpr int kBiasShift = 1;
   static constexpr bool kSignedQuants = true;
-  static void unpack(const uint8_t* blk, kquant::Unpacked& u) {
+  __attribute__((target("avx2,fma,f16c"))) static void unpack(const uint8_t* blk, kquant::Unpacked& u) {
     int16_t piece[kquant::kSuper / kquant::kPiece];
     for (int g = 0; g < 32; ++g) {
       const IqGroup q = iq_group(T, blk, g);

@@ -55,8 +55,8 @@ struct IQ4NL {
 struct IQ4XS {
   static constexpr int64_t kBytes = 136;
 
-  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq, const int16_t*,
-                                                                       float dx, __m256& acc) {
+  __attribute__((target("avx2,fma,f16c"))) static void accumulate_row(const uint8_t* blk, const int8_t* xq,
+                                                                       const int16_t*, float dx, __m256& acc) {
     uint16_t high;
     std::memcpy(&high, blk + 2, 2);
     __m256i isum = _mm256_setzero_si256();

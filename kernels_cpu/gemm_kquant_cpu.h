@@ -125,7 +125,7 @@ inline void spread_scales(const int16_t* piece, Unpacked& u) {
   }
 }
 
-// Formats whose unpacked quants are signed int8 (IQ4_XS's levels) say kSignedQuants.
+// Formats whose unpacked quants are signed int8 (IQ4_XS's levels, the IQ2/IQ3 values) say kSignedQuants.
 template <class F, class = void>
 struct SignedQuants : std::false_type {};
 template <class F>
