@@ -62,12 +62,7 @@ struct Q4K {
                                            _mm256_shuffle_epi8(sc16, pick1));
       isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
     }
-    // Each min twice, against the sums of the two 16-element halves of its sub-block.
-    const __m128i m16 = _mm_cvtepu8_epi16(mn8);
-    const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
-    const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
-    acc = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_cvtepi32_ps(msum), acc);
+    add_k4_super_block(blk, isum, mn8, sums, dx, acc);
   }
 };
 

@@ -95,6 +95,18 @@ __attribute__((target("avx2,fma,f16c"))) inline void scales_mins_k4(const uint8_
   mn = _mm_setr_epi32(int(w[1] & six), int(((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)), 0, 0);
 }
 
+// Q4_K's and Q5_K's last step for one row's super-block at blk: acc += d·dx·isum - dmin·dx·Σ_j m_j·S_j,
+// each min (mn8, as scales_mins_k4 leaves them) taken twice, against the sums of the two 16-element
+// halves of its sub-block.
+__attribute__((target("avx2,fma,f16c"))) inline void add_k4_super_block(const uint8_t* blk, __m256i isum, __m128i mn8,
+                                                                       const int16_t* sums, float dx, __m256& acc) {
+  const __m128i m16 = _mm_cvtepu8_epi16(mn8);
+  const __m256i mins = _mm256_setr_m128i(_mm_unpacklo_epi16(m16, m16), _mm_unpackhi_epi16(m16, m16));
+  const __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(load_fp16(blk) * dx), _mm256_cvtepi32_ps(isum), acc);
+  acc = _mm256_fnmadd_ps(_mm256_set1_ps(load_fp16(blk + 2) * dx), _mm256_cvtepi32_ps(msum), acc);
+}
+
 // Prefill: from kBufferRows x rows on, a tile's super-blocks are first unpacked once per thread
 // (Format::unpack, where a format has one) and every x row reads them from there: the bit and
 // nibble work is done once per tile instead of once per x row, leaving each x row one vpmaddubsw,
