@@ -192,10 +192,14 @@ TEST(ServeHostile, AQueuedStreamWhoseClientLeavesIsCancelledWhileQueued) {
   {
     test::RawConnection queued(server.port());
     queued.post("/v1/completions", stream("queued"));
-    const std::string page = test::wait_for_metrics(
-        c, [](const std::string& p) { return test::metric(p, "tessera_requests_in_flight") == 2; });
+    // The gauges follow engine steps, a little behind the tokens a client already has: wait for them.
+    const std::string page = test::wait_for_metrics(c, [](const std::string& p) {
+      return test::metric(p, "tessera_requests_in_flight") == 2 && test::metric(p, "tessera_requests_running") == 1 &&
+             test::metric(p, "tessera_queue_depth") == 1;
+    });
     ASSERT_EQ(test::metric(page, "tessera_requests_in_flight"), 2) << page;
     ASSERT_EQ(test::metric(page, "tessera_requests_running"), 1) << page;
+    ASSERT_EQ(test::metric(page, "tessera_queue_depth"), 1) << page;
   }  // gone while queued
   const std::string gone = R"(tessera_user_requests_total{user="queued",status="499"})";
   const std::string page = test::wait_for_metrics(
