@@ -69,6 +69,7 @@ void eval(EvalArgs args) {
   load_plugins(registry);
   const PipelineSpec spec = load_pipeline_spec(resolve_pipeline_path(args.pipeline.pipeline));
   auto pipeline = build_pipeline(registry, spec, args.pipeline);
+  if (pipeline->follow()) return;  // a tensor-parallel rank other than 0: its share of rank 0's steps
   if (args.ctx == 0) args.ctx = std::min<int64_t>(128, pipeline->max_sequence_tokens());
   const Tokenizer& tok = pipeline->tokenizer();
   const std::vector<int32_t> tokens = perplexity_tokens(tok, text);

@@ -41,7 +41,7 @@ void list(const std::string& format) {
   }
   for (ComponentKind kind : {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
                              ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder,
-                             ComponentKind::constraint}) {
+                             ComponentKind::constraint, ComponentKind::comm}) {
     for (const PluginEntry* e : registry.entries(kind)) {
       std::cout << kind_name(kind) << " " << e->name << "  — " << e->doc << "\n    library: " << e->library << "\n";
       for (const auto& s : e->params) {
@@ -85,7 +85,7 @@ void markdown() {
   }
   for (ComponentKind kind : {ComponentKind::quantizer, ComponentKind::attention, ComponentKind::cache,
                              ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::constraint,
-                             ComponentKind::backend}) {
+                             ComponentKind::comm, ComponentKind::backend}) {
     auto entries = registry.entries(kind);
     std::sort(entries.begin(), entries.end(), [](const PluginEntry* a, const PluginEntry* b) { return a->name < b->name; });
     const std::string k(kind_name(kind));

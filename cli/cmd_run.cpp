@@ -62,6 +62,7 @@ void run(const RunArgs& args) {
   Registry registry;
   load_plugins(registry);
   std::unique_ptr<Pipeline> pipeline = build_pipeline(registry, args.pipeline);
+  if (pipeline->follow()) return;  // a tensor-parallel rank other than 0: its share of rank 0's steps
   Engine engine(*pipeline);
   const Tokenizer& tok = pipeline->tokenizer();
 

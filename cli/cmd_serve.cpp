@@ -151,12 +151,30 @@ void serve_command(const ServeArgs& args) {
   // Variants of one model file with the same backend and quantizer load its weights once, and so does
   // a reload while the old deployment still holds them.
   ModelShare share;
+  // A tensor-parallel rank other than 0 serves nothing: it runs its share of rank 0's steps, then
+  // leaves when rank 0's server stops (its pipeline going ends follow()).
+  struct Followed {};
+  bool tensor_parallel = false;
   auto make = [&](const DeploymentSpec& s) {
+    // The other ranks follow the pipelines they built at the start; a reload would build new ones on rank 0 alone.
+    if (tensor_parallel) throw Error("reload is not available under tensor parallelism: restart the mpirun job");
     return std::make_shared<serve::Deployment>(
-        s, [&](const PipelineSpec& p) { return build_pipeline(registry, p, args.pipeline, &share); },
+        s,
+        [&](const PipelineSpec& p) {
+          if (tensor_parallel) throw Error("under tensor parallelism a deployment serves one pipeline (one model, one variant)");
+          std::unique_ptr<Pipeline> pipeline = build_pipeline(registry, p, args.pipeline, &share);
+          if (pipeline->follow()) throw Followed{};
+          tensor_parallel = tensor_parallel || pipeline->comm().size() > 1;
+          return pipeline;
+        },
         config.chat_template);
   };
-  std::shared_ptr<serve::Deployment> first = make(spec);
+  std::shared_ptr<serve::Deployment> first;
+  try {
+    first = make(spec);
+  } catch (const Followed&) {
+    return;
+  }
   const std::string description = first->describe();
   // A reload reads the models again; the server section (port, keys) stays as it started.
   serve::HttpServer server(std::move(first), config, [&] { return make(load_spec()); });

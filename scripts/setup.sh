@@ -12,10 +12,11 @@ mode=${1:-all}
 case "$mode" in run | all) ;; *) echo "usage: scripts/setup.sh [run|all]" >&2; exit 2 ;; esac
 
 # Build tools and the libraries the core, plugins and CLI link. ocl-icd-opencl-dev: oneDNN's CMake
-# package requires OpenCL's headers and library, which libdnnl-dev only recommends.
+# package requires OpenCL's headers and library, which libdnnl-dev only recommends. Open MPI: the
+# mpi communicator plugin and `mpirun` for tensor-parallel runs.
 packages=(build-essential cmake ninja-build pkg-config ccache
           libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-          libdnnl-dev ocl-icd-opencl-dev)
+          libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin)
 if [ "$mode" = all ]; then
   # Tests and benchmarks; the HIP toolkit (CI compiles the HIP backend); the oracles tests call
   # (/usr/bin/python3 with Jinja2, NumPy and jsonschema, which validates structured output);

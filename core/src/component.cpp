@@ -20,6 +20,7 @@ std::string_view kind_name(ComponentKind k) {
     case ComponentKind::scheduler: return "scheduler";
     case ComponentKind::decoder: return "decoder";
     case ComponentKind::constraint: return "constraint";
+    case ComponentKind::comm: return "comm";
   }
   return "?";
 }
@@ -27,7 +28,7 @@ std::string_view kind_name(ComponentKind k) {
 bool parse_kind(std::string_view text, ComponentKind* out) {
   for (auto k : {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
                  ComponentKind::cache, ComponentKind::scheduler, ComponentKind::decoder,
-                 ComponentKind::constraint}) {
+                 ComponentKind::constraint, ComponentKind::comm}) {
     if (kind_name(k) == text) {
       *out = k;
       return true;

@@ -106,10 +106,30 @@ std::string share_key(const PipelineSpec& spec, const PipelineOptions& options, 
                                                                   : params(ComponentKind::backend, spec.backend,
                                                                            spec.backend_params)},
                         {"threads", options.threads},
+                        {"comm", spec.components.at(ComponentKind::comm).plugin},
+                        {"tensor_parallel", spec.tensor_parallel},
                         {"quantizer", q.plugin},
                         {"quantizer_params", params(ComponentKind::quantizer, q.plugin, q.params)}};
   if (spec.backend == "auto") key["kv_dtype"] = dtype_name(spec.kv_dtype);
   return key.dump();
+}
+
+// `parallel:` against the ranks the communicator has.
+void check_parallel(const PipelineSpec& spec, const Communicator& comm) {
+  const std::string where = spec.parallel_where.empty() ? spec.path : spec.parallel_where;
+  const std::string comm_plugin = spec.components.at(ComponentKind::comm).plugin;
+  if (spec.pipeline_parallel > 1) {
+    throw Error(where + ": parallel.pipeline " + std::to_string(spec.pipeline_parallel) +
+                ": pipeline parallelism is not built yet; split the model with parallel.tensor");
+  }
+  if (spec.tensor_parallel != comm.size()) {
+    throw Error(where + ": parallel.tensor is " + std::to_string(spec.tensor_parallel) + " but comm '" + comm_plugin +
+                "' has " + std::to_string(comm.size()) + " rank" + (comm.size() == 1 ? "" : "s") +
+                (spec.tensor_parallel > 1 && comm.size() == 1
+                     ? std::string("; launch with mpirun -n ") + std::to_string(spec.tensor_parallel) +
+                           (comm_plugin == "none" ? " and set components.comm to mpi" : "")
+                     : std::string("; set parallel.tensor to the number of processes mpirun starts")));
+  }
 }
 
 }  // namespace
@@ -163,10 +183,12 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
     if (loaded->backend->devices().empty()) {
       throw Error("backend '" + std::string(loaded->backend->name()) + "' has no device");
     }
+    create(ComponentKind::comm, loaded->comm);
+    check_parallel(spec, *loaded->comm);
     create(ComponentKind::quantizer, loaded->quantizer);
     loaded->file = GgufFile::open(spec.model);
     try {
-      loaded->model = std::make_unique<Model>(loaded->file, *loaded->backend, *loaded->quantizer);
+      loaded->model = std::make_unique<Model>(loaded->file, *loaded->backend, *loaded->quantizer, loaded->comm.get());
     } catch (const Error& e) {
       // A quantizer refusing a weight (a kernel this CPU lacks, a shape it cannot take) is a setting
       // of the pipeline: name its line. The model's own errors already name the model file.
@@ -239,6 +261,12 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   return p;
 }
 
+bool Pipeline::follow() {
+  if (comm().rank() == 0) return false;
+  model().follow(*attention_, *cache_);
+  return true;
+}
+
 std::string Pipeline::sequence_limit_text() const {
   const int64_t limit = max_sequence_tokens_;
   if (limit < model().config().context_length) {
@@ -250,7 +278,12 @@ std::string Pipeline::sequence_limit_text() const {
 
 std::string Pipeline::describe() const {
   std::string out = std::string(loaded_->backend->name()) + " |";
-  for (ComponentKind k : kComponentKinds) out += " " + spec_.components.at(k).plugin;
+  for (ComponentKind k : kComponentKinds) {
+    if (k != ComponentKind::comm) out += " " + spec_.components.at(k).plugin;
+  }
+  if (loaded_->comm->size() > 1) {
+    out += " | " + spec_.components.at(ComponentKind::comm).plugin + " tensor x" + std::to_string(loaded_->comm->size());
+  }
   if (spec_.kv_dtype != DType::F32) out += " | kv " + std::string(dtype_name(spec_.kv_dtype));
   return out;
 }

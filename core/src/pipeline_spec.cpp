@@ -24,6 +24,7 @@ std::string default_plugin(ComponentKind kind) {
     case ComponentKind::scheduler: return "fcfs";
     case ComponentKind::decoder: return "sampling";
     case ComponentKind::constraint: return "grammar";
+    case ComponentKind::comm: return "none";
     case ComponentKind::backend: return "auto";
   }
   return "";
@@ -142,7 +143,7 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
         ComponentKind kind;
         if (!parse_kind(kind_text, &kind) || kind == ComponentKind::backend) {
           throw Error(yaml_at(path, c.first) + ": unknown component kind '" + kind_text +
-                      "' (expected quantizer, attention, cache, scheduler, decoder)");
+                      "' (expected quantizer, attention, cache, scheduler, decoder, constraint, comm)");
         }
         ComponentSpec comp;
         comp.where = yaml_at_value(path, c.first, c.second);
@@ -168,11 +169,30 @@ PipelineSpec load_root(const std::string& path, const YAML::Node& root, const st
         }
         merge_component(spec.components[kind], std::move(comp));
       }
+    } else if (key == "parallel") {
+      spec.parallel_where = where;
+      if (!value.IsMap()) throw Error(where + ": 'parallel' must be a map: { tensor: N, pipeline: M }");
+      for (const auto& p : value) {
+        const std::string pk = p.first.as<std::string>();
+        const std::string at = yaml_at_value(path, p.first, p.second);
+        int64_t n = 0;
+        const nlohmann::json v = yaml_to_json(p.second);
+        if (!v.is_number_integer() || (n = v.get<int64_t>()) < 1 || n > 4096) {
+          throw Error(at + ": parallel." + pk + " must be a whole number of ranks from 1 to 4096, not " + v.dump());
+        }
+        if (pk == "tensor") {
+          spec.tensor_parallel = n;
+        } else if (pk == "pipeline") {
+          spec.pipeline_parallel = n;
+        } else {
+          throw Error(yaml_at(path, p.first) + ": unknown key 'parallel." + pk + "' (parallel has tensor, pipeline)");
+        }
+      }
     } else if (key == "server") {
       load_server_section(path, where, value, spec.server, spec.server_where);
     } else {
       throw Error(yaml_at(path, kv.first) + ": unknown key '" + key +
-                  "' (a pipeline has model, backend, kv_dtype, extends, components, server)");
+                  "' (a pipeline has model, backend, kv_dtype, extends, parallel, components, server)");
     }
   }
   chain.erase(canon);

@@ -63,7 +63,7 @@ std::string suite_pattern(ComponentKind kind) {
 
 constexpr ComponentKind kAllKinds[] = {ComponentKind::backend, ComponentKind::quantizer, ComponentKind::attention,
                                        ComponentKind::cache,   ComponentKind::scheduler, ComponentKind::decoder,
-                                       ComponentKind::constraint};
+                                       ComponentKind::constraint, ComponentKind::comm};
 
 }  // namespace
 

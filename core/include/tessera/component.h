@@ -8,10 +8,10 @@
 
 namespace tessera {
 
-enum class ComponentKind : uint8_t { backend, quantizer, attention, cache, scheduler, decoder, constraint };
+enum class ComponentKind : uint8_t { backend, quantizer, attention, cache, scheduler, decoder, constraint, comm };
 inline constexpr ComponentKind kComponentKinds[] = {
     ComponentKind::quantizer, ComponentKind::attention, ComponentKind::cache,
-    ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::constraint};
+    ComponentKind::scheduler, ComponentKind::decoder, ComponentKind::constraint, ComponentKind::comm};
 
 std::string_view kind_name(ComponentKind k);
 // Inverse of kind_name; returns false when the text names no kind.

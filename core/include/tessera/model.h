@@ -15,6 +15,7 @@
 #include "tessera/attention.h"
 #include "tessera/backend.h"
 #include "tessera/cache.h"
+#include "tessera/communicator.h"
 #include "tessera/device_buffer.h"
 #include "tessera/gguf.h"
 #include "tessera/quantizer.h"
@@ -87,14 +88,24 @@ struct ForwardSeq {
   bool verifies = false;
 };
 
+// Tensor parallelism (a communicator of N > 1 ranks): each rank holds 1/N of every layer as
+// Megatron-LM splits it (q/k/v and gate/up by output rows, o and down by input columns, an
+// all-reduce after each; KV heads divided) and 1/N of the output head's vocabulary rows (logits
+// gathered on rank 0). Rank 0 runs the engine: forward() sends each step (token ids, positions,
+// block tables) to the other ranks, which run it in follow().
 class Model {
  public:
-  Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer);
+  // `comm` (may be null: one process) outlives the model.
+  Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer, Communicator* comm = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
+  // This rank's shard under tensor parallelism: n_heads, n_kv_heads and ffn_dim divided by the ranks.
   const ModelConfig& config() const { return config_; }
+  int tensor_ranks() const { return ranks_; }
+  // On a rank other than 0: runs the steps rank 0's forward() sends until its model is destroyed.
+  void follow(Attention& attention, Cache& cache);
   // Backend memory held by weights (embeddings, norms, linears).
   size_t weight_bytes() const { return weight_bytes_; }
   // What one token costs in weights, for roofline figures: the bytes a decode step reads per
@@ -128,7 +139,17 @@ class Model {
 
  private:
   struct Layer;  // model_parts.h
-  void upload_step(std::span<const ForwardSeq> batch, Cache& cache);
+  using Tables = std::vector<std::span<const int32_t>>;  // each sequence's block table, in batch order
+  void run(std::span<const ForwardSeq> batch, const Tables& tables, Attention& attention, Cache& cache,
+           std::vector<float>& logits, int64_t layers);
+  void upload_step(std::span<const ForwardSeq> batch, const Tables& tables, int64_t block_size);
+  // Tensor parallelism (model_shard.cpp): a weight's rows (parts: the row counts of tensors stored
+  // as one, each split alike) or columns that are this rank's, and the step's traffic.
+  WeightSource shard_rows(const WeightSource& w, std::span<const int64_t> parts);
+  WeightSource shard_cols(const WeightSource& w);
+  void all_reduce(float* x, int64_t n);
+  void send_step(std::span<const ForwardSeq> batch, const Tables& tables, int64_t layers);
+  void gather_logits(const float* mine, int64_t rows, std::vector<float>& logits);
   // A layer's q, k (and v) between projection and attention: biases, q/k norms, RoPE.
   void attention_inputs(const Layer& L, float* q, float* k, float* v, const int32_t* positions, int64_t rows);
   void rope(int64_t layer, float* q, float* k, const int32_t* positions, int64_t rows);
@@ -142,6 +163,13 @@ class Model {
 
   std::shared_ptr<const GgufFile> file_;
   Backend& backend_;
+  Communicator* comm_ = nullptr;
+  int rank_ = 0, ranks_ = 1;
+  int64_t vocab_begin_ = 0, vocab_end_ = 0;  // this rank's rows of the output head
+  // Copies of weight shards that are not one run of the file (columns, parts of fused tensors):
+  // declared before the Linears made from them, so they outlive them.
+  std::vector<std::shared_ptr<uint8_t[]>> shard_copies_;
+  std::vector<float> host_stage_;  // an all-reduce's data on a backend whose buffers are on a device
   ModelConfig config_;
   WeightView embedding_;
   DeviceBuffer embedding_buffer_;

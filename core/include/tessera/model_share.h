@@ -22,6 +22,7 @@ struct LoadedModel {
   // Declaration order is destruction order reversed: the Model (weights in backend memory, Linears
   // made by the quantizer's library) goes before the quantizer and the backend.
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Communicator> comm;  // the ranks that share the model (tensor parallelism)
   std::shared_ptr<Quantizer> quantizer;
   std::shared_ptr<const GgufFile> file;
   std::unique_ptr<Model> model;

@@ -54,6 +54,11 @@ class Pipeline {
   Cache& cache() { return *cache_; }
   Scheduler& scheduler() { return *scheduler_; }
   Decoder& decoder() { return *decoder_; }
+  Communicator& comm() { return *loaded_->comm; }
+  // Under tensor parallelism, on every rank but 0: runs the model's share of the steps rank 0 sends
+  // until rank 0's pipeline goes, then returns true. False at once on rank 0 (and in one process),
+  // which goes on to run the engine. Every command that builds a pipeline calls it next.
+  bool follow();
   // Compiles request constraints (JSON Schema, grammars) against this model's vocabulary.
   const Constraint& constraint() const { return *constraint_; }
   // "cpu | none gqa contiguous fcfs sampling"

@@ -10,6 +10,7 @@
 //     cache:     { plugin: contiguous, max_seqs: 8 }
 //     scheduler: { plugin: fcfs }
 //     decoder:   { plugin: sampling, temperature: 0 }
+//   parallel: { tensor: 2 }            # optional: ranks of the comm component sharing each layer
 //   server:                            # optional: settings of `tessera serve` (see server_params())
 //     port: 8080
 #pragma once
@@ -44,6 +45,11 @@ struct PipelineSpec {
   std::string backend_where;
   DType kv_dtype = DType::F32;  // the KV cache's element type (f32, f16 or bf16)
   std::string kv_dtype_where;
+  // `parallel: { tensor: N, pipeline: M }`: N ranks share each layer (Megatron-style tensor
+  // parallelism over the `comm` component's ranks); M pipeline stages (not built yet: refused).
+  int64_t tensor_parallel = 1;
+  int64_t pipeline_parallel = 1;
+  std::string parallel_where;
   std::map<ComponentKind, ComponentSpec> components;  // every kind present after loading
   // The `server:` section: only the keys the file gives, checked against server_params() (types and
   // ranges) when loaded; `extends` merges it key by key.

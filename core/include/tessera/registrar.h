@@ -9,6 +9,7 @@
 #include "tessera/attention.h"
 #include "tessera/backend.h"
 #include "tessera/cache.h"
+#include "tessera/communicator.h"
 #include "tessera/component.h"
 #include "tessera/constraint.h"
 #include "tessera/decoder.h"
@@ -27,6 +28,7 @@ template <> struct KindOf<Cache> { static constexpr ComponentKind value = Compon
 template <> struct KindOf<Scheduler> { static constexpr ComponentKind value = ComponentKind::scheduler; };
 template <> struct KindOf<Decoder> { static constexpr ComponentKind value = ComponentKind::decoder; };
 template <> struct KindOf<Constraint> { static constexpr ComponentKind value = ComponentKind::constraint; };
+template <> struct KindOf<Communicator> { static constexpr ComponentKind value = ComponentKind::comm; };
 
 using ErasedFactory = std::function<std::shared_ptr<void>(const Params&)>;
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -56,31 +57,64 @@ WeightSource source_of(const GgufTensor& t, const std::string& name) {
 
 }  // namespace
 
-Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer)
-    : file_(std::move(file)), backend_(backend), config_(read_model_config(*file_)),
+Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& quantizer, Communicator* comm)
+    : file_(std::move(file)), backend_(backend), comm_(comm), rank_(comm != nullptr ? comm->rank() : 0),
+      ranks_(comm != nullptr ? comm->size() : 1), config_(read_model_config(*file_)),
       scratch_(std::make_unique<Scratch>()) {
   const GgufFile& f = *file_;
-  const ModelConfig& c = config_;
+  // Shapes in the file are the whole model's (c); config_ becomes this rank's shard of it.
+  const ModelConfig c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  vocab_end_ = c.vocab;
+  if (ranks_ > 1) {
+    auto divides = [&](int64_t n, const std::string& what) {
+      if (n % ranks_ != 0) {
+        throw Error(f.path() + ": tensor parallelism over " + std::to_string(ranks_) + " ranks needs " + what + " (" +
+                    std::to_string(n) + ") divisible by " + std::to_string(ranks_));
+      }
+    };
+    divides(c.n_heads, "the attention heads");
+    divides(c.n_kv_heads, "the KV heads");
+    divides(c.ffn_dim, "the FFN width");
+    config_.n_heads /= ranks_;
+    config_.n_kv_heads /= ranks_;
+    config_.ffn_dim /= ranks_;
+    vocab_begin_ = c.vocab * rank_ / ranks_;
+    vocab_end_ = c.vocab * (rank_ + 1) / ranks_;
+  }
+  // How a weight is divided between tensor-parallel ranks: by output rows (each part of a tensor
+  // that stores several alike), by input columns, or not at all.
+  enum class Split { whole, rows, cols };
 
   // A vector (norm weights, biases) as f32 in backend memory.
-  auto norm = [&](const std::string& name, int64_t n = 0) {
+  // `split`: only this rank's share (a bias of rows split between ranks).
+  auto norm = [&](const std::string& name, int64_t n = 0, bool split = false) {
     if (n == 0) n = c.dim;
     const GgufTensor& t = require_tensor(f, name, {n});
     std::vector<float> host(static_cast<size_t>(n));
     dequantize_row(t.dtype, t.data, host.data(), n);
+    if (split && ranks_ > 1) {
+      host = std::vector<float>(host.begin() + n * rank_ / ranks_, host.begin() + n * (rank_ + 1) / ranks_);
+    }
     DeviceBuffer buf(backend_, host.size() * sizeof(float));
     buf.upload(host.data(), host.size() * sizeof(float));
     weight_bytes_ += buf.size();
     decode_bytes_per_token_ += buf.size();
     return buf;
   };
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+  auto shard = [&](WeightSource w, Split split, std::vector<int64_t> parts = {}) {
+    if (ranks_ == 1 || split == Split::whole) return w;
+    if (split == Split::cols) return shard_cols(w);
+    if (parts.empty()) parts = {w.rows};
+    return shard_rows(w, parts);
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, Split split, std::vector<int64_t> parts = {}) {
     const GgufTensor& t = require_tensor(f, name, {in, out});
-    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(t, name));
+    const WeightSource w = shard(source_of(t, name), split, std::move(parts));
+    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, w);
     weight_bytes_ += l->resident_bytes();
     decode_bytes_per_token_ += l->resident_bytes();
-    if (name != "output.weight") layer_macs_per_token_ += in * out;
+    if (name != "output.weight") layer_macs_per_token_ += w.rows * w.cols;
     formats_.push_back(l->format());
     linear_names_.push_back(name);
     return l;
@@ -90,8 +124,8 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
     std::vector<WeightSource> sources;
     int64_t out = 0;
     for (const auto& [name, rows] : parts) {
-      sources.push_back(source_of(require_tensor(f, name, {in, rows}), name));
-      out += rows;
+      sources.push_back(shard(source_of(require_tensor(f, name, {in, rows}), name), Split::rows));
+      out += sources.back().rows;
     }
     std::unique_ptr<Linear> l = quantizer.make_fused_linear(backend_, sources);
     if (l == nullptr) return l;
@@ -136,37 +170,37 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
       L.k_norm = norm(p + "attn_k_norm.weight", c.head_dim);
     }
     // Biases: required where the architecture has them, loaded where a file has them otherwise.
-    auto bias = [&](const std::string& name, int64_t n, bool required) {
-      return required || f.find_tensor(name) != nullptr ? norm(name, n) : DeviceBuffer();
+    auto bias = [&](const std::string& name, int64_t n, bool required, bool split) {
+      return required || f.find_tensor(name) != nullptr ? norm(name, n, split) : DeviceBuffer();
     };
-    L.bq = bias(p + "attn_q.bias", q_dim, c.qkv_bias);
-    L.bk = bias(p + "attn_k.bias", kv_dim, c.qkv_bias);
-    L.bv = bias(p + "attn_v.bias", kv_dim, c.qkv_bias);
-    L.bo = bias(p + "attn_output.bias", c.dim, false);
+    L.bq = bias(p + "attn_q.bias", q_dim, c.qkv_bias, true);
+    L.bk = bias(p + "attn_k.bias", kv_dim, c.qkv_bias, true);
+    L.bv = bias(p + "attn_v.bias", kv_dim, c.qkv_bias, true);
+    L.bo = bias(p + "attn_output.bias", c.dim, false, false);  // added once, after the all-reduce
     if (c.fused_qkv) {
-      L.wqkv = linear(p + "attn_qkv.weight", q_dim + 2 * kv_dim, c.dim);
+      L.wqkv = linear(p + "attn_qkv.weight", q_dim + 2 * kv_dim, c.dim, Split::rows, {q_dim, kv_dim, kv_dim});
     } else {
       L.wqkv = fused({{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim}, {p + "attn_v.weight", kv_dim}}, c.dim);
     }
     if (L.wqkv == nullptr) {
       L.wqk = fused({{p + "attn_q.weight", q_dim}, {p + "attn_k.weight", kv_dim}}, c.dim);
       if (L.wqk == nullptr) {
-        L.wq = linear(p + "attn_q.weight", q_dim, c.dim);
-        L.wk = linear(p + "attn_k.weight", kv_dim, c.dim);
+        L.wq = linear(p + "attn_q.weight", q_dim, c.dim, Split::rows);
+        L.wk = linear(p + "attn_k.weight", kv_dim, c.dim, Split::rows);
       }
-      L.wv = linear(p + "attn_v.weight", kv_dim, c.dim);
+      L.wv = linear(p + "attn_v.weight", kv_dim, c.dim, Split::rows);
     }
-    L.wo = linear(p + "attn_output.weight", c.dim, q_dim);
+    L.wo = linear(p + "attn_output.weight", c.dim, q_dim, Split::cols);
     if (c.fused_gate_up) {
-      L.w_gate_up = linear(p + "ffn_up.weight", 2 * c.ffn_dim, c.dim);
+      L.w_gate_up = linear(p + "ffn_up.weight", 2 * c.ffn_dim, c.dim, Split::rows, {c.ffn_dim, c.ffn_dim});
     } else {
       L.w_gate_up = fused({{p + "ffn_gate.weight", c.ffn_dim}, {p + "ffn_up.weight", c.ffn_dim}}, c.dim);
     }
     if (L.w_gate_up == nullptr) {
-      L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim);
-      L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim);
+      L.w_gate = linear(p + "ffn_gate.weight", c.ffn_dim, c.dim, Split::rows);
+      L.w_up = linear(p + "ffn_up.weight", c.ffn_dim, c.dim, Split::rows);
     }
-    L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim);
+    L.w_down = linear(p + "ffn_down.weight", c.dim, c.ffn_dim, Split::cols);
     any_fused_ = any_fused_ || L.wqkv != nullptr || L.wqk != nullptr || L.w_gate_up != nullptr;
     plain_layers_ = plain_layers_ && L.bq.size() == 0 && L.bk.size() == 0 && L.bv.size() == 0 && L.bo.size() == 0;
   }
@@ -178,19 +212,30 @@ Model::Model(std::shared_ptr<const GgufFile> file, Backend& backend, Quantizer& 
   if (c.tied_output) {
     // Tied embeddings: the head reads token_embd; the quantizer still sees it as "output.weight"
     // so that per-layer rules for the output layer apply.
-    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, source_of(emb, "output.weight"));
+    std::unique_ptr<Linear> l = quantizer.make_linear(backend_, shard(source_of(emb, "output.weight"), Split::rows));
     weight_bytes_ += l->resident_bytes();
     decode_bytes_per_token_ += l->resident_bytes();
     formats_.push_back(l->format());
     linear_names_.push_back("output.weight");
     output_ = std::move(l);
   } else {
-    output_ = linear("output.weight", c.vocab, c.dim);
+    output_ = linear("output.weight", c.vocab, c.dim, Split::rows);
   }
   layers_share_gemvs_ = layers_share_gemvs();
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  if (ranks_ > 1 && rank_ == 0) {
+    try {  // the other ranks' follow() returns
+      uint64_t n = 3;
+      int64_t stop[3] = {0, 0, 0};
+      comm_->broadcast(&n, sizeof n, 0);
+      comm_->broadcast(stop, sizeof stop, 0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: could not stop the other tensor-parallel ranks: %s\n", e.what());
+    }
+  }
+}
 
 bool Model::is_float_format(const std::string& format) {
   const std::string type = format.substr(0, format.find(' '));
@@ -253,7 +298,7 @@ void Model::activate(const float* gate, const float* up, float* out, int64_t n) 
   }
 }
 
-void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
+void Model::upload_step(std::span<const ForwardSeq> batch, const Tables& tables, int64_t block_size) {
   Scratch& s = *scratch_;
   s.host_ids.clear();
   s.host_positions.clear();
@@ -263,15 +308,11 @@ void Model::upload_step(std::span<const ForwardSeq> batch, Cache& cache) {
   s.host_verifies.clear();
   s.host_logit_rows.clear();
   int32_t row = 0;
-  for (const ForwardSeq& fs : batch) {
-    const auto table = cache.block_table(fs.seq);
-    const int64_t block_size = cache.layer(0).block_size;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardSeq& fs = batch[i];
+    const auto table = tables[i];
     const int64_t n = static_cast<int64_t>(fs.tokens.size());
     const int64_t end = fs.start_pos + n;
-    if (end > static_cast<int64_t>(table.size()) * block_size) {
-      throw Error("cache holds " + std::to_string(table.size() * block_size) + " slots for sequence " +
-                  std::to_string(fs.seq) + " but the step needs " + std::to_string(end));
-    }
     AttentionSeqDesc d;
     d.q_start = row;
     d.q_len = static_cast<int32_t>(n);
@@ -332,7 +373,28 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   if (n_layers < 0 || n_layers > c.n_layers) {
     throw Error("forward: n_layers " + std::to_string(n_layers) + " is outside 0.." + std::to_string(c.n_layers));
   }
+  if (rank_ != 0) throw Error("forward: tensor-parallel rank " + std::to_string(rank_) + " runs rank 0's steps (follow())");
+  // Checked before a tensor-parallel step goes out, so that no rank fails it alone.
+  Tables tables;
+  int64_t T = 0;
+  const int64_t block_size = cache.layer(0).block_size;
+  for (const ForwardSeq& fs : batch) {
+    tables.push_back(cache.block_table(fs.seq));
+    const int64_t end = fs.start_pos + int64_t(fs.tokens.size());
+    if (end > int64_t(tables.back().size()) * block_size) {
+      throw Error("cache holds " + std::to_string(tables.back().size() * size_t(block_size)) + " slots for sequence " +
+                  std::to_string(fs.seq) + " but the step needs " + std::to_string(end));
+    }
+    T += int64_t(fs.tokens.size());
+  }
   const int64_t layers = n_layers == 0 ? c.n_layers : n_layers;
+  if (T > 0 && ranks_ > 1) send_step(batch, tables, layers);
+  run(batch, tables, attention, cache, logits, layers);
+}
+
+void Model::run(std::span<const ForwardSeq> batch, const Tables& tables, Attention& attention, Cache& cache,
+                std::vector<float>& logits, int64_t layers) {
+  const ModelConfig& c = config_;
   int64_t T = 0;
   for (const auto& fs : batch) T += static_cast<int64_t>(fs.tokens.size());
   if (T == 0) {
@@ -358,7 +420,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     }
     s.capacity = cap;
   }
-  upload_step(batch, cache);
+  upload_step(batch, tables, cache.layer(0).block_size);
   const int32_t* ids = s.ids;
   const int32_t* pos = s.positions;
   float* x = s.x.as<float>();
@@ -431,7 +493,8 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
 
   backend_.embedding(embedding_, ids, T, x);
   if (c.embed_scale > 0) backend_.scale(x, c.embed_scale, T * c.dim);
-  const bool decoded = T == 1 && decode_in_few_regions(step, attention, cache, layers);
+  // Tensor parallelism's all-reduces sit between the GEMVs that one region would run back to back.
+  const bool decoded = T == 1 && ranks_ == 1 && decode_in_few_regions(step, attention, cache, layers);
   for (int64_t l = 0; l < layers && !decoded; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     step.layer = l;
@@ -454,6 +517,7 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
     attention_inputs(L, q, k, v, pos, T);
     attention.forward(backend_, step, cache.layer(l), q, k, v, att);
     L.wo->forward(att, T, xb);
+    all_reduce(xb, T * c.dim);
     if (L.bo.size() > 0) backend_.add_rows(xb, L.bo.as<float>(), T, c.dim);
     if (c.post_norms) backend_.rms_norm(xb, L.post_attn_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     backend_.add(x, xb, x, T * c.dim);
@@ -464,16 +528,19 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
             {{L.w_gate.get(), &hb, c.ffn_dim}, {L.w_up.get(), &hb2, c.ffn_dim}});
     activate(hb, hb2, hb, T * c.ffn_dim);
     L.w_down->forward(hb, T, xb);
+    all_reduce(xb, T * c.dim);
     if (c.post_norms) backend_.rms_norm(xb, L.post_ffw_norm.as<float>(), xb, T, c.dim, c.rms_eps);
     backend_.add(x, xb, x, T * c.dim);
   }
 
   // Only the rows whose logits are wanted go through the output head.
+  // Under tensor parallelism each rank's head gives its vocabulary rows' logits, gathered on rank 0.
   const auto rows = static_cast<int64_t>(s.host_logit_rows.size());
+  const int64_t vocab = vocab_end_ - vocab_begin_;
   logits.resize(static_cast<size_t>(rows * c.vocab));
   if (rows == 0) return;
   if (rows > s.logit_capacity) {
-    s.logits = DeviceBuffer(backend_, size_t(rows * c.vocab) * 4);
+    s.logits = DeviceBuffer(backend_, size_t(rows * vocab) * 4);
     s.logit_capacity = rows;
   }
   const bool all_rows = rows == T;
@@ -488,7 +555,14 @@ void Model::forward(std::span<const ForwardSeq> batch, Attention& attention, Cac
   }
   backend_.rms_norm(head_in, output_norm_.as<float>(), head_in, rows, c.dim, c.rms_eps);
   output_->forward(head_in, rows, s.logits.as<float>());
-  backend_.copy_to_host(logits.data(), s.logits.get(), logits.size() * sizeof(float));
+  if (ranks_ == 1) {
+    backend_.copy_to_host(logits.data(), s.logits.get(), logits.size() * sizeof(float));
+  } else {
+    host_stage_.resize(size_t(rows * vocab));
+    backend_.copy_to_host(host_stage_.data(), s.logits.get(), host_stage_.size() * sizeof(float));
+    gather_logits(host_stage_.data(), rows, logits);
+    if (rank_ != 0) return;
+  }
   if (c.final_softcap > 0) {  // Gemma 2: cap * tanh(logit / cap), on the host copy every decoder reads
     for (float& v : logits) v = c.final_softcap * std::tanh(v / c.final_softcap);
   }

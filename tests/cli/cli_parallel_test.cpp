@@ -1,0 +1,155 @@
+// Tensor parallelism through the commands a user runs: `mpirun -n 2 tessera run|eval|serve` with
+// pipelines/tp2.yaml against the golden tokens and the one-process pipeline, and the refusals of a
+// `parallel:` section that does not fit the launch.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using test::Output;
+using test::tessera_cmd;
+
+// `mpirun -n RANKS tessera ARGS` from the source tree (root may run it, as CI does).
+Output mpirun_tessera(int ranks, const std::string& args) {
+  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+                          std::string(TESSERA_MPIEXEC) + "' --oversubscribe -n " + std::to_string(ranks) + " '" +
+                          TESSERA_BINARY + "' " + args + " 2>&1";
+  Output out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
+  const int status = pclose(pipe);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+#define SKIP_WITHOUT_MPIRUN() \
+  if (std::string(TESSERA_MPIEXEC).empty()) GTEST_SKIP() << "no mpirun in this build (TESSERA_MPI=OFF)"
+
+// The JSON objects of `run --format json`, one per line.
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '{') out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+double perplexity(const Output& o) {
+  const auto j = json_lines(o.text);
+  return j.empty() ? NAN : j.back()["perplexity"].get<double>();
+}
+
+TEST(CliParallel, TwoRanksGiveTheGoldenGreedyTokens) {
+  SKIP_WITHOUT_MPIRUN();
+  std::ifstream in(test::kShared + "/golden/stories260K-f32.greedy96.json");
+  const auto golden = nlohmann::json::parse(in);
+  std::string prompts;
+  for (const auto& g : golden) prompts += " '" + g["prompt"].get<std::string>() + "'";
+  // One batch of every prompt: the ranks share each step of the engine's continuous batching.
+  const Output o = mpirun_tessera(2, "run --format json -n 96 --threads 1 -p pipelines/tp2.yaml" + prompts);
+  ASSERT_EQ(o.status, 0) << o.text;
+  const auto runs = json_lines(o.text);
+  ASSERT_EQ(runs.size(), golden.size()) << o.text;
+  for (size_t i = 0; i < golden.size(); ++i) {
+    SCOPED_TRACE(golden[i]["prompt"].get<std::string>());
+    EXPECT_EQ(runs[i]["prompt_token_ids"], golden[i]["prompt_token_ids"]);
+    EXPECT_EQ(runs[i]["completion_token_ids"], golden[i]["completion_token_ids"]);
+    EXPECT_NE(runs[i]["pipeline"].get<std::string>().find("mpi tensor x2"), std::string::npos);
+  }
+}
+
+TEST(CliParallel, TwoRanksGiveTheOneProcessPerplexity) {
+  SKIP_WITHOUT_MPIRUN();
+  // The logits of every scored position enter the perplexity: equal to 1e-6 means the sharded
+  // forward (its all-reduces summing in another order) gives the one-process logits.
+  const std::string text = " --text '" + test::kShared + "/eval/tiny_stories_eval.txt'";
+  const Output one = tessera_cmd("eval --format json -p pipelines/paged.yaml" + text);
+  const Output two = mpirun_tessera(2, "eval --format json --threads 1 -p pipelines/tp2.yaml" + text);
+  ASSERT_EQ(one.status, 0) << one.text;
+  ASSERT_EQ(two.status, 0) << two.text;
+  EXPECT_NEAR(perplexity(two), perplexity(one), 1e-6 * perplexity(one)) << two.text;
+}
+
+TEST(CliParallel, QuantizedBlocksSplitAlongWholeBlocks) {
+  SKIP_WITHOUT_MPIRUN();
+  // Block formats split by input columns (o, down) into whole blocks per rank. Activations are
+  // quantized to 8 bits per block, so the all-reduce's other summation order moves a rounding here
+  // and there: equal to 1e-3, where a wrong slice of a trained model's blocks would be far off.
+  test::TempDir dir;
+  const std::string text = " --text '" + test::kShared + "/eval/tiny_stories_eval.txt'";
+  auto pipelines = [&](const std::string& model) {
+    const std::string tail = "\nmodel: " + model + "\ncomponents:\n  quantizer: { plugin: gguf }\n";
+    return std::pair{dir.write("one.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/paged.yaml" + tail),
+                     dir.write("tp.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/tp2.yaml" + tail)};
+  };
+  auto compare = [&](const std::string& model, double reference) {
+    SCOPED_TRACE(model);
+    const auto [one, tp] = pipelines(model);
+    const Output a = tessera_cmd("eval --format json -p '" + one + "'" + text);
+    const Output b = mpirun_tessera(2, "eval --format json --threads 1 -p '" + tp + "'" + text);
+    ASSERT_EQ(a.status, 0) << a.text;
+    ASSERT_EQ(b.status, 0) << b.text;
+    EXPECT_NEAR(perplexity(b), perplexity(a), 1e-3 * perplexity(a)) << b.text;
+    if (reference > 0) EXPECT_NEAR(perplexity(b), reference, 2e-3 * reference) << b.text;
+  };
+  compare(test::kStoriesQ8, 4.7733);  // the reference engine's perplexity (../shared/golden)
+  // Q4_K's 256-value super-blocks (a synthetic model: no reference perplexity).
+  const std::string model = dir.path() + "/q4k.gguf";
+  Output o = tessera_cmd("synth --preset tiny --dim 512 --ffn 1024 --layers 2 --heads 8 --kv-heads 4 --vocab 512 "
+                         "--dtype q4_k -o '" + model + "'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  compare(model, 0);
+  const std::string tp = pipelines(model).second;
+  // Half of 256 columns is not whole super-blocks: refused, naming the tensor.
+  const std::string narrow = dir.path() + "/narrow.gguf";
+  o = tessera_cmd("synth --preset tiny --dim 256 --ffn 256 --layers 1 --heads 4 --kv-heads 4 --vocab 512 --dtype q4_k -o '" +
+                  narrow + "'");
+  ASSERT_EQ(o.status, 0) << o.text;
+  o = mpirun_tessera(2, "run -n 2 -p '" + tp + "' -m '" + narrow + "' hi");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("does not split into 2 column ranges of whole 256-value blocks"), std::string::npos) << o.text;
+}
+
+TEST(CliParallel, AParallelSectionThatDoesNotFitTheLaunchIsRefused) {
+  test::TempDir dir;
+  // parallel.tensor 2 in one process: how to launch it.
+  Output o = tessera_cmd("run -n 2 -p pipelines/tp2.yaml hi");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("tp2.yaml:6: parallel.tensor is 2 but comm 'mpi' has 1 rank; launch with mpirun -n 2"),
+            std::string::npos)
+      << o.text;
+  const std::string none = dir.write("none.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/paged.yaml\nparallel: { tensor: 2 }\n");
+  o = tessera_cmd("run -n 2 -p '" + none + "' hi");
+  EXPECT_NE(o.text.find("comm 'none' has 1 rank; launch with mpirun -n 2 and set components.comm to mpi"),
+            std::string::npos)
+      << o.text;
+  for (const auto& [yaml, message] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel: { pipeline: 2 }", "none.yaml:2: parallel.pipeline 2: pipeline parallelism is not built yet"},
+           {"parallel: { tensor: 0 }", "none.yaml:2: parallel.tensor must be a whole number of ranks from 1 to 4096, not 0"},
+           {"parallel: { tensors: 2 }", "none.yaml:2: unknown key 'parallel.tensors' (parallel has tensor, pipeline)"},
+           {"parallel: 2", "none.yaml:2: 'parallel' must be a map"}}) {
+    dir.write("none.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/paged.yaml\n" + yaml + "\n");
+    o = tessera_cmd("run -n 2 -p '" + none + "' hi");
+    EXPECT_NE(o.status, 0);
+    EXPECT_NE(o.text.find(message), std::string::npos) << o.text;
+  }
+  if (std::string(TESSERA_MPIEXEC).empty()) return;
+  // Three processes for a pipeline of two ranks: every rank says so.
+  o = mpirun_tessera(3, "run -n 2 -p pipelines/tp2.yaml hi");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("parallel.tensor is 2 but comm 'mpi' has 3 ranks"), std::string::npos) << o.text;
+}
+
+}  // namespace
+}  // namespace tessera
