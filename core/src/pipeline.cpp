@@ -248,6 +248,10 @@ std::unique_ptr<Pipeline> Pipeline::build(const PipelineSpec& spec_in, const Reg
   p->max_sequence_tokens_ = cache_bound > 0 ? std::min(mc.context_length, cache_bound) : mc.context_length;
   if (Speculator* speculator = p->decoder_->speculator()) {
     const ComponentSpec& c = spec.components.at(ComponentKind::decoder);
+    // Its drafts and checks would run outside the steps the other ranks follow.
+    if (p->comm().size() > 1) {
+      throw Error(c.where + ": decoder " + c.plugin + ": speculative decoding under tensor parallelism is not built yet");
+    }
     // Its set-up may run the model, which another pipeline sharing it may be running (allocation
     // before this point is thread-safe on every backend).
     std::lock_guard running(p->step_mutex());

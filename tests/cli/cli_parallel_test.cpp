@@ -145,6 +145,12 @@ TEST(CliParallel, AParallelSectionThatDoesNotFitTheLaunchIsRefused) {
     EXPECT_NE(o.text.find(message), std::string::npos) << o.text;
   }
   if (std::string(TESSERA_MPIEXEC).empty()) return;
+  // Speculative decoding's drafts would run outside the steps the other ranks follow.
+  const std::string spec = dir.write("spec.yaml", "extends: " TESSERA_SOURCE_DIR "/pipelines/speculative-self.yaml\n"
+                                                  "parallel: { tensor: 2 }\ncomponents:\n  comm: { plugin: mpi }\n");
+  o = mpirun_tessera(2, "run -n 2 -p '" + spec + "' hi");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("speculative decoding under tensor parallelism is not built yet"), std::string::npos) << o.text;
   // Three processes for a pipeline of two ranks: every rank says so.
   o = mpirun_tessera(3, "run -n 2 -p pipelines/tp2.yaml hi");
   EXPECT_NE(o.status, 0);
