@@ -19,7 +19,7 @@
 #include "tessera/registrar.h"
 
 // Bumped on any change to the interfaces in core/include/tessera that breaks binary compatibility.
-#define TESSERA_ABI_VERSION 10u
+#define TESSERA_ABI_VERSION 11u
 
 #define TESSERA_STR_(x) #x
 #define TESSERA_STR(x) TESSERA_STR_(x)
