@@ -8,6 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "test_util.h"
 
 namespace tessera {
@@ -67,6 +70,74 @@ TEST(CliParallel, TwoRanksGiveTheGoldenGreedyTokens) {
     EXPECT_EQ(runs[i]["completion_token_ids"], golden[i]["completion_token_ids"]);
     EXPECT_NE(runs[i]["pipeline"].get<std::string>().find("mpi tensor x2"), std::string::npos);
   }
+}
+
+// Two network namespaces joined by a veth pair, made for one test and removed after it.
+class NetworkNamespaces {
+ public:
+  NetworkNamespaces() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    a_ = "tsa" + id;
+    b_ = "tsb" + id;
+    subnet_ = "10.213." + std::to_string(::getpid() % 250) + ".";
+    const std::string va = "tva" + id, vb = "tvb" + id;
+    ok_ = run("ip netns add " + a_) && run("ip netns add " + b_) &&
+          run("ip link add " + va + " type veth peer name " + vb) && run("ip link set " + va + " netns " + a_) &&
+          run("ip link set " + vb + " netns " + b_) && in(a_, "ip addr add " + host_a() + "/24 dev " + va) &&
+          in(b_, "ip addr add " + host_b() + "/24 dev " + vb) && in(a_, "ip link set " + va + " up") &&
+          in(b_, "ip link set " + vb + " up") && in(a_, "ip link set lo up") && in(b_, "ip link set lo up");
+  }
+  ~NetworkNamespaces() {
+    run("ip netns del " + a_);  // takes the veth pair with it
+    run("ip netns del " + b_);
+  }
+  bool ok() const { return ok_; }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+  std::string host_a() const { return subnet_ + "1"; }
+  std::string host_b() const { return subnet_ + "2"; }
+  std::string subnet() const { return subnet_ + "0/24"; }
+
+ private:
+  static bool run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+  static bool in(const std::string& ns, const std::string& cmd) { return run("ip netns exec " + ns + " " + cmd); }
+  std::string a_, b_, subnet_;
+  bool ok_ = false;
+};
+
+TEST(CliParallel, TwoRanksInTwoNetworkNamespacesGiveTheGoldenTokens) {
+  SKIP_WITHOUT_MPIRUN();
+  // One rank in each namespace, MPI's traffic over TCP between them (btl tcp,self: no shared
+  // memory), as on two machines. mpirun starts the second rank through an rsh agent that enters the
+  // other namespace where ssh would log in to the other host.
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root (ip netns)";
+  NetworkNamespaces ns;
+  if (!ns.ok()) GTEST_SKIP() << "this machine does not allow network namespaces and veth pairs (ip netns add, ip link add)";
+  test::TempDir dir;
+  const std::string agent = dir.write("agent.sh", "#!/bin/sh\nhost=$1; shift\ncase \"$host\" in " + ns.host_a() + ") n=" + ns.a() +
+                                                      " ;; " + ns.host_b() + ") n=" + ns.b() +
+                                                      " ;; *) exit 1 ;; esac\nexec ip netns exec \"$n\" /bin/sh -c \"$*\"\n");
+  ASSERT_EQ(::chmod(agent.c_str(), 0755), 0);
+  const std::string hosts = dir.write("hosts", ns.host_a() + " slots=1\n" + ns.host_b() + " slots=1\n");
+  std::ifstream in(test::kShared + "/golden/stories260K-f32.greedy96.json");
+  const auto golden = nlohmann::json::parse(in);
+  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                          "timeout 300 ip netns exec " + ns.a() + " '" + TESSERA_MPIEXEC + "' -n 2 --hostfile '" + hosts +
+                          "' --mca plm_rsh_agent '" + agent + "' --mca btl tcp,self --mca btl_tcp_if_include " +
+                          ns.subnet() + " --mca oob_tcp_if_include " + ns.subnet() + " '" + TESSERA_BINARY +
+                          "' run --format json -n 96 --threads 1 -p pipelines/tp2.yaml '" +
+                          golden[0]["prompt"].get<std::string>() + "' '" + golden[4]["prompt"].get<std::string>() + "' 2>&1";
+  Output o;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::array<char, 4096> buf{};
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), pipe)) > 0;) o.text.append(buf.data(), n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd << "\n" << o.text;
+  const auto runs = json_lines(o.text);
+  ASSERT_EQ(runs.size(), 2u) << o.text;
+  EXPECT_EQ(runs[0]["completion_token_ids"], golden[0]["completion_token_ids"]);
+  EXPECT_EQ(runs[1]["completion_token_ids"], golden[4]["completion_token_ids"]);
 }
 
 TEST(CliParallel, TwoRanksGiveTheOneProcessPerplexity) {
