@@ -188,10 +188,8 @@ struct Output {
   std::string text;
 };
 
-// Runs the built `tessera` with `args` from the source tree, so that pipelines/ and their relative
-// model paths resolve.
-inline Output tessera_cmd(const std::string& args) {
-  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1";
+// Runs a shell command line (its stderr with its stdout where it says 2>&1).
+inline Output shell_cmd(const std::string& cmd) {
   Output out;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return out;
@@ -201,6 +199,12 @@ inline Output tessera_cmd(const std::string& args) {
   const int status = pclose(pipe);
   out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return out;
+}
+
+// Runs the built `tessera` with `args` from the source tree, so that pipelines/ and their relative
+// model paths resolve.
+inline Output tessera_cmd(const std::string& args) {
+  return shell_cmd("cd '" TESSERA_SOURCE_DIR "' && '" TESSERA_BINARY "' " + args + " 2>&1");
 }
 
 // stories260K with output_norm scaled up to float's limit, written into `dir`: every weight finite

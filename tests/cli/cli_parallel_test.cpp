@@ -3,7 +3,6 @@
 // `parallel:` section that does not fit the launch.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -21,18 +20,9 @@ using test::tessera_cmd;
 
 // `mpirun -n RANKS tessera ARGS` from the source tree (root may run it, as CI does).
 Output mpirun_tessera(int ranks, const std::string& args) {
-  const std::string cmd = "cd '" TESSERA_SOURCE_DIR "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
-                          std::string(TESSERA_MPIEXEC) + "' --oversubscribe -n " + std::to_string(ranks) + " '" +
-                          TESSERA_BINARY + "' " + args + " 2>&1";
-  Output out;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.text.append(buf.data(), n);
-  const int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  return test::shell_cmd("cd '" TESSERA_SOURCE_DIR "' && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+                         std::string(TESSERA_MPIEXEC) + "' --oversubscribe -n " + std::to_string(ranks) + " '" +
+                         TESSERA_BINARY + "' " + args + " 2>&1");
 }
 
 #define SKIP_WITHOUT_MPIRUN() \
@@ -127,13 +117,8 @@ TEST(CliParallel, TwoRanksInTwoNetworkNamespacesGiveTheGoldenTokens) {
                           ns.subnet() + " --mca oob_tcp_if_include " + ns.subnet() + " '" + TESSERA_BINARY +
                           "' run --format json -n 96 --threads 1 -p pipelines/tp2.yaml '" +
                           golden[0]["prompt"].get<std::string>() + "' '" + golden[4]["prompt"].get<std::string>() + "' 2>&1";
-  Output o;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::array<char, 4096> buf{};
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), pipe)) > 0;) o.text.append(buf.data(), n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd << "\n" << o.text;
+  const Output o = test::shell_cmd(cmd);
+  ASSERT_EQ(o.status, 0) << cmd << "\n" << o.text;
   const auto runs = json_lines(o.text);
   ASSERT_EQ(runs.size(), 2u) << o.text;
   EXPECT_EQ(runs[0]["completion_token_ids"], golden[0]["completion_token_ids"]);
