@@ -24,16 +24,7 @@ std::unique_ptr<Tokenizer> stories_tokenizer() {
   return Tokenizer::create(load_vocabulary(*GgufFile::open(test::kStoriesF32)));
 }
 
-json post_json(httplib::Client& c, const std::string& path, const json& body, int expect_status = 200) {
-  auto res = c.Post(path.c_str(), body.dump(), "application/json");
-  if (!res) {
-    ADD_FAILURE() << "no response from " << path << ": " << httplib::to_string(res.error());
-    return json();
-  }
-  EXPECT_EQ(res->status, expect_status) << res->body;
-  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
-  return json::parse(res->body);
-}
+using test::post_json;
 
 class Serve : public ::testing::Test {
  protected:

@@ -58,21 +58,28 @@ inline std::string slow_serve_pipeline(const TempDir& dir, const std::string& se
   return dir.write("slow.yaml", text);
 }
 
-// In a forked child: becomes `tessera serve --port 0 --threads THREADS ARGS`.
-[[noreturn]] inline void exec_serve(const std::vector<std::string>& args, const std::string& threads) {
-  std::vector<std::string> all = {TESSERA_BINARY, "serve", "--port", "0", "--threads", threads};
+// In a forked child: becomes `[LAUNCHER...] tessera serve --port 0 --threads THREADS ARGS` (a
+// launcher: mpirun and its arguments).
+[[noreturn]] inline void exec_serve(const std::vector<std::string>& args, const std::string& threads,
+                                    const std::vector<std::string>& launcher = {}) {
+  std::vector<std::string> all = launcher;
+  for (const std::string& a : {std::string(TESSERA_BINARY), std::string("serve"), std::string("--port"),
+                               std::string("0"), std::string("--threads"), threads}) {
+    all.push_back(a);
+  }
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
-  execv(TESSERA_BINARY, argv.data());
+  execv(argv[0], argv.data());
   _exit(127);
 }
 
 // `tessera serve ARGS --port 0` as a child process; the port comes from its "listening on" line.
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& args) {
+  explicit ServerProcess(const std::vector<std::string>& args, const std::vector<std::string>& launcher = {},
+                         const std::string& threads = "2") {
     int out[2];
     if (pipe(out) != 0) throw Error("pipe failed");
     stderr_path_ = dir_.path() + "/stderr.txt";
@@ -83,7 +90,7 @@ class ServerProcess {
       const int err = open(stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (err >= 0) dup2(err, 2);
       close(out[0]);
-      exec_serve(args, "2");
+      exec_serve(args, threads, launcher);
     }
     close(out[1]);
     out_fd_ = out[0];
@@ -175,6 +182,19 @@ struct StreamedResponse {
   bool done = false;
   size_t chunks = 0;
 };
+
+// POSTs `body` as JSON and returns the parsed answer, expecting `expect_status` and a JSON body.
+inline nlohmann::json post_json(httplib::Client& c, const std::string& path, const nlohmann::json& body,
+                                int expect_status = 200) {
+  auto res = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!res) {
+    ADD_FAILURE() << "no response from " << path << ": " << httplib::to_string(res.error());
+    return nlohmann::json();
+  }
+  EXPECT_EQ(res->status, expect_status) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  return nlohmann::json::parse(res->body);
+}
 
 inline StreamedResponse parse_stream(const std::string& body) {
   StreamedResponse r;
